@@ -1,0 +1,76 @@
+-- 001_outbox_event: the outbox table, its indexes and the NOTIFY trigger.
+--
+-- Safe to apply twice. Names are unqualified: the table is created in the first
+-- schema of search_path, so the same file serves `public.outbox_event` and
+-- per-test schemas alike.
+
+CREATE TABLE IF NOT EXISTS outbox_event (
+    outbox_id          uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    tenant_id          text        NOT NULL DEFAULT 'default',
+    aggregate_type     text        NOT NULL,
+    aggregate_id       text        NOT NULL,
+    aggregate_version  bigint      NOT NULL,
+    event_type         text        NOT NULL,
+    event_version      int         NOT NULL DEFAULT 1,
+    topic_name         text        NULL,
+    partition_key      text        NULL,
+    event_key          text        NULL,
+    payload_json       jsonb       NULL,
+    headers_json       jsonb       NOT NULL DEFAULT '{}',
+    correlation_id     text        NULL,
+    causation_id       text        NULL,
+    trace_id           text        NULL,
+    occurred_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    available_at       timestamptz NOT NULL DEFAULT now(),
+    status             text        NOT NULL DEFAULT 'PENDING',
+    attempt_count      int         NOT NULL DEFAULT 0,
+    last_attempt_at    timestamptz NULL,
+    published_at       timestamptz NULL,
+    locked_at          timestamptz NULL,
+    locked_by          text        NULL,
+    last_error_code    text        NULL,
+    last_error_message text        NULL,
+    created_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT outbox_event_status_check
+        CHECK (status IN ('PENDING', 'PUBLISHING', 'PUBLISHED', 'FAILED', 'DEAD')),
+    CONSTRAINT outbox_event_aggregate_version_key
+        UNIQUE (tenant_id, aggregate_type, aggregate_id, aggregate_version, event_type)
+);
+
+-- The relay's lock scan: due rows in due-time order. Partial, so its size follows
+-- the unpublished backlog only, and led by the ORDER BY column so a batch reads
+-- LIMIT entries instead of sorting every due row (an index led by status does).
+CREATE INDEX IF NOT EXISTS outbox_event_due_idx
+    ON outbox_event (available_at)
+    WHERE status IN ('PENDING', 'FAILED');
+
+-- The per-aggregate guard probes "a lower version of this aggregate that is not
+-- PUBLISHED": partial over unpublished rows, so the probe costs the same however
+-- long the aggregate's published history is.
+CREATE INDEX IF NOT EXISTS outbox_event_unpublished_idx
+    ON outbox_event (tenant_id, aggregate_type, aggregate_id, aggregate_version)
+    WHERE status <> 'PUBLISHED';
+
+-- The sweeper: stale locks by age, and retention by publish time.
+CREATE INDEX IF NOT EXISTS outbox_event_publishing_idx
+    ON outbox_event (locked_at)
+    WHERE status = 'PUBLISHING';
+CREATE INDEX IF NOT EXISTS outbox_event_published_idx
+    ON outbox_event (published_at)
+    WHERE status = 'PUBLISHED';
+
+-- One NOTIFY per inserting statement, on the channel '<schema>.<table>', so idle
+-- relays wake at once. The relay LISTENs on the same name, resolved from
+-- OUTBOX_TABLE.
+CREATE OR REPLACE FUNCTION outbox_event_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, '');
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER outbox_event_notify_trg
+    AFTER INSERT ON outbox_event
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_event_notify();
