@@ -1,0 +1,670 @@
+"""Test harness for outbox-relay integration and fault tests (pytest, /usr/bin/python3).
+
+Put tests/support on sys.path and:
+
+    from harness import Postgres, TestSchema, MockBroker, Relay, wait_until, read_topics
+
+    pg = Postgres()                          # OUTBOX_TEST_DATABASE_URL or its own server
+    with MockBroker(["orders:3"]) as kafka, TestSchema(pg, "basic") as db:
+        db.insert_events([{"aggregate_type": "Order", "aggregate_id": "o1",
+                           "aggregate_version": 1, "event_type": "OrderCreated",
+                           "payload_json": {"n": 1}, "topic_name": "orders"}])
+        with Relay("outbox-relay", env={**db.env(), "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap,
+                                        "OUTBOX_HTTP_ADDR": "off"}, log_dir=tmp_path) as relay:
+            wait_until(lambda: db.status_counts()["PUBLISHED"] == 1, 20, what="row published")
+        msgs = read_topics(kafka.bootstrap, topics=["orders"])
+        ok, details = check_order(msgs)
+
+Environment read here: OUTBOX_BUILD_DIR (default <repo>/build), OUTBOX_TEST_DATABASE_URL,
+OUTBOX_TEST_PG_DIR (the deploy/local/pg directory of that server, enables restarts),
+ASAN_OPTIONS / UBSAN_OPTIONS / LSAN_OPTIONS (passed to spawned daemons).
+"""
+
+import collections
+import glob
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import psycopg2
+import psycopg2.extras
+
+from kafka_dump import read_topics  # noqa: F401  (re-exported)
+
+__all__ = [
+    "repo_root", "build_dir", "bin_path", "have_binary", "free_port", "wait_until",
+    "Postgres", "TestSchema", "MockBroker", "MockBrokerError", "Relay",
+    "read_topics", "header", "check_order", "count_duplicates", "duplicates",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Binary name -> path under the build directory.
+_BINARIES = {
+    "outbox-relay": "relay/outbox-relay",
+    "outbox-sweeper": "sweeper/outbox-sweeper",
+    "outbox-mockbroker": "deploy/local/outbox-mockbroker",
+}
+
+STATUSES = ("PENDING", "PUBLISHING", "PUBLISHED", "FAILED", "DEAD")
+
+
+# ---------------------------------------------------------------- paths, polling
+
+def repo_root():
+    """Absolute path of the repository (two levels above tests/support)."""
+    return os.path.dirname(os.path.dirname(_HERE))
+
+
+def build_dir():
+    """$OUTBOX_BUILD_DIR, else <repo>/build."""
+    return os.environ.get("OUTBOX_BUILD_DIR") or os.path.join(repo_root(), "build")
+
+
+def bin_path(name):
+    """Path of a built program: 'outbox-relay' (or 'relay'), 'outbox-sweeper'
+    ('sweeper'), 'outbox-mockbroker' ('mockbroker'). Does not check existence."""
+    key = name if name.startswith("outbox-") else "outbox-" + name
+    if key not in _BINARIES:
+        raise ValueError("unknown program %r (known: %s)" % (name, ", ".join(_BINARIES)))
+    return os.path.join(build_dir(), _BINARIES[key])
+
+
+def have_binary(name):
+    """True if bin_path(name) exists and is executable (for pytest.skip)."""
+    p = bin_path(name)
+    return os.path.isfile(p) and os.access(p, os.X_OK)
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 right now (e.g. for OUTBOX_HTTP_ADDR)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
+    """Calls predicate() every interval seconds until it returns a truthy value,
+    which is returned. Raises AssertionError naming `what` after timeout
+    seconds (the last value or exception of predicate is included)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+            last = value
+        except Exception as e:  # a server briefly down is a normal state here
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError("timed out after %.1fs waiting for %s (last: %r)"
+                                 % (timeout, what, last))
+        time.sleep(interval)
+
+
+def _tmpdir(prefix):
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("OUTBOX_TEST_TMP"))
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+class Postgres:
+    """A PostgreSQL server for tests.
+
+    Uses $OUTBOX_TEST_DATABASE_URL when set (tests/run starts one server for the
+    whole run; $OUTBOX_TEST_PG_DIR names its deploy/local/pg directory and makes
+    restart() possible), else starts its own with deploy/local/pg in a temporary
+    directory, removed by close().
+    """
+
+    def __init__(self, url=None):
+        self.owned = False
+        self.dir = None
+        url = url or os.environ.get("OUTBOX_TEST_DATABASE_URL")
+        if url:
+            self.url = url
+            self.dir = os.environ.get("OUTBOX_TEST_PG_DIR") or None
+        else:
+            self.dir = _tmpdir("outbox-pg-")
+            self.owned = True
+            try:
+                self.url = self._pg("start")
+            except Exception:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise
+
+    def _pg(self, cmd):
+        """Runs deploy/local/pg CMD DIR; returns the URL it printed (or '')."""
+        script = os.path.join(repo_root(), "deploy", "local", "pg")
+        r = subprocess.run([script, cmd, self.dir], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError("deploy/local/pg %s failed (%d): %s"
+                               % (cmd, r.returncode, r.stderr.strip()))
+        for line in r.stdout.splitlines():
+            if line.startswith("OUTBOX_DATABASE_URL="):
+                return line.split("=", 1)[1]
+        return ""
+
+    @property
+    def restartable(self):
+        return self.dir is not None
+
+    def _need_dir(self):
+        if not self.restartable:
+            raise RuntimeError("server not started by this harness and OUTBOX_TEST_PG_DIR "
+                               "unset: cannot restart it")
+
+    def connect(self, **kwargs):
+        """New psycopg2 connection in autocommit mode (caller closes it)."""
+        conn = psycopg2.connect(self.url, **kwargs)
+        conn.autocommit = True
+        return conn
+
+    def ready(self):
+        """True if a connection succeeds now."""
+        try:
+            self.connect(connect_timeout=2).close()
+            return True
+        except psycopg2.Error:
+            return False
+
+    def restart(self):
+        """Fast restart on the same port; every client connection is dropped."""
+        self._need_dir()
+        self._pg("restart")
+
+    def stop_server(self):
+        """Fast shutdown (for 'database down' tests); start_server() brings it back."""
+        self._need_dir()
+        self._pg("stop")
+
+    def start_server(self):
+        self._need_dir()
+        url = self._pg("start")
+        if url != self.url:
+            raise RuntimeError("server came back on another URL: %s" % url)
+
+    def terminate_backends(self, application_name=None):
+        """Drops other sessions of this database (all, or those whose
+        application_name matches the SQL LIKE pattern); returns how many."""
+        sql = ("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+               "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+               "AND backend_type = 'client backend'")
+        params = ()
+        if application_name is not None:
+            sql += " AND application_name LIKE %s"
+            params = (application_name,)
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(sql, params)
+            n = cur.fetchone()[0]
+        conn.close()
+        return n
+
+    def close(self):
+        """Stops and deletes a server this object started; otherwise nothing."""
+        if self.owned and self.dir:
+            try:
+                self._pg("stop")
+            finally:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.owned = False
+                self.dir = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------- per-test schema
+
+def _migrations():
+    files = sorted(glob.glob(os.path.join(repo_root(), "schemas", "postgres", "*.sql")))
+    if not files:
+        raise RuntimeError("no migrations in schemas/postgres")
+    return files
+
+
+def _json_param(value):
+    """jsonb parameter: dict/list/number/bool -> JSON; str -> passed as JSON text
+    (so tests can insert e.g. '[1,2]' or '"text"'); None -> NULL."""
+    if value is None or isinstance(value, str):
+        return value
+    return psycopg2.extras.Json(value)
+
+
+class TestSchema:
+    """A private schema with the migrations applied: t_<name>_<random>.
+
+    .schema, .table (schema-qualified outbox_event), .conn (autocommit, with
+    search_path set to the schema). Use as a context manager or call drop().
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+
+    JSON_COLUMNS = ("payload_json", "headers_json")
+
+    def __init__(self, pg, name="t"):
+        self.pg = pg
+        slug = re.sub(r"[^a-z0-9_]", "_", name.lower())[:30]
+        self.schema = "t_%s_%s" % (slug, secrets.token_hex(4))
+        self.table = "%s.outbox_event" % self.schema
+        self.conn = pg.connect()
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("CREATE SCHEMA %s" % self.schema)
+                # The migrations use unqualified names: they land in this schema.
+                cur.execute("SET search_path TO %s" % self.schema)
+                for path in _migrations():
+                    with open(path, encoding="utf-8") as f:
+                        cur.execute(f.read())
+        except Exception:
+            self.drop()
+            raise
+
+    def env(self):
+        """Environment for a relay/sweeper working on this schema's table."""
+        return {"OUTBOX_DATABASE_URL": self.pg.url, "OUTBOX_TABLE": self.table}
+
+    def execute(self, sql, params=None):
+        """Runs one statement; returns fetched rows as dicts if it returns any."""
+        with self.conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute(sql, params)
+            return [dict(r) for r in cur.fetchall()] if cur.description else None
+
+    def insert_events(self, rows, page_size=1000):
+        """Inserts rows (dicts of outbox_event columns, only the given keys, so
+        defaults apply to the rest); rows with different key sets are fine.
+        Returns the new outbox_ids (as strings) in the order given."""
+        ids = [None] * len(rows)
+        groups = collections.OrderedDict()
+        for i, row in enumerate(rows):
+            groups.setdefault(tuple(row.keys()), []).append(i)
+        with self.conn.cursor() as cur:
+            for cols, idx in groups.items():
+                for c in cols:
+                    if not re.fullmatch(r"[a-z_]+", c):
+                        raise ValueError("bad column name %r" % c)
+                values = [tuple(_json_param(rows[i][c]) if c in self.JSON_COLUMNS else rows[i][c]
+                                for c in cols) for i in idx]
+                sql = "INSERT INTO %s (%s) VALUES %%s RETURNING outbox_id::text" % (
+                    self.table, ", ".join(cols))
+                # execute_values returns RETURNING rows in VALUES order.
+                res = psycopg2.extras.execute_values(cur, sql, values, page_size=page_size,
+                                                     fetch=True)
+                for i, (oid,) in zip(idx, res):
+                    ids[i] = oid
+        return ids
+
+    def status_counts(self):
+        """{status: count} with every status present (0 when none)."""
+        counts = dict.fromkeys(STATUSES, 0)
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT status, count(*) FROM %s GROUP BY status" % self.table)
+            for status, n in cur.fetchall():
+                counts[status] = n
+        return counts
+
+    def count(self, where="TRUE", params=None):
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM %s WHERE %s" % (self.table, where), params)
+            return cur.fetchone()[0]
+
+    def rows(self, order_by="created_at, outbox_id", where="TRUE", params=None):
+        """All rows (or those matching the SQL `where`) as dicts (uuid as str)."""
+        with self.conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute("SELECT * FROM %s WHERE %s ORDER BY %s"
+                        % (self.table, where, order_by), params)
+            return [dict(r) for r in cur.fetchall()]
+
+    def drop(self):
+        """Drops the schema and closes the connection; safe to call twice."""
+        if self.conn is None:
+            return
+        try:
+            if self.conn.closed:
+                self.conn = self.pg.connect()
+            with self.conn.cursor() as cur:
+                cur.execute("DROP SCHEMA IF EXISTS %s CASCADE" % self.schema)
+        except psycopg2.OperationalError:
+            # The server may have been restarted by the test: one more try.
+            conn = self.pg.connect()
+            with conn.cursor() as cur:
+                cur.execute("DROP SCHEMA IF EXISTS %s CASCADE" % self.schema)
+            conn.close()
+        finally:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.drop()
+
+
+def make_events(aggregates=1, versions=1, aggregate_type="Order", event_type="Changed",
+                topic=None, payload_size=0, tenant_id=None, id_prefix="a"):
+    """Rows for insert_events: `aggregates` aggregates x `versions` versions each,
+    interleaved by version (v1 of all, then v2 ...), payload {"agg", "v", "pad"}."""
+    rows = []
+    for v in range(1, versions + 1):
+        for a in range(aggregates):
+            row = {"aggregate_type": aggregate_type, "aggregate_id": "%s%d" % (id_prefix, a),
+                   "aggregate_version": v, "event_type": event_type,
+                   "payload_json": {"agg": a, "v": v, "pad": "x" * payload_size}}
+            if topic is not None:
+                row["topic_name"] = topic
+            if tenant_id is not None:
+                row["tenant_id"] = tenant_id
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- mock Kafka
+
+class MockBrokerError(RuntimeError):
+    """The mock broker answered ERR, or could not be started."""
+
+
+class MockBroker:
+    """outbox-mockbroker in its own process.
+
+    MockBroker(["orders:3", "-b", "1"]) passes the arguments through. After
+    construction .bootstrap and .control_addr are set. Use as a context manager
+    or call stop(). Its stderr goes to .log_path.
+    """
+
+    def __init__(self, args=(), timeout=15.0, log_dir=None, binary=None):
+        self.binary = binary or bin_path("outbox-mockbroker")
+        self.log_dir = str(log_dir) if log_dir else _tmpdir("outbox-mock-")
+        self.log_path = os.path.join(self.log_dir, "mockbroker.log")
+        self.bootstrap = None
+        self.control_addr = None
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([self.binary, *map(str, args)], stdout=subprocess.PIPE,
+                                         stderr=log, stdin=subprocess.DEVNULL)
+        try:
+            self._read_addresses(timeout)
+        except Exception:
+            self.kill()
+            raise
+
+    def _read_addresses(self, timeout):
+        """Reads BOOTSTRAP= and CONTROL= lines from stdout, with a deadline."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        buf = b""
+        while self.bootstrap is None or self.control_addr is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MockBrokerError("mock broker not ready after %.0fs: %s"
+                                      % (timeout, self.log_text()[-2000:]))
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                self.proc.wait(5)
+                raise MockBrokerError("mock broker exited (%s): %s"
+                                      % (self.proc.returncode, self.log_text()[-2000:]))
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                text = line.decode()
+                if text.startswith("BOOTSTRAP="):
+                    self.bootstrap = text.split("=", 1)[1]
+                elif text.startswith("CONTROL="):
+                    self.control_addr = text.split("=", 1)[1]
+
+    def log_text(self):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def control(self, cmd, timeout=10.0):
+        """Sends one control command; returns the text after 'OK ' or raises
+        MockBrokerError with the broker's message."""
+        host, port = self.control_addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            s.sendall(cmd.encode() + b"\n")
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise MockBrokerError("control connection closed after %r" % cmd)
+                buf += chunk
+        answer = buf.decode().strip()
+        if answer == "OK" or answer.startswith("OK "):
+            return answer[3:]
+        raise MockBrokerError("%s: %s" % (cmd, answer[4:] if answer.startswith("ERR ")
+                                          else answer))
+
+    def ping(self):
+        return self.control("ping")
+
+    def down(self, broker_id=None):
+        """All brokers (or one, ids 1..N) stop answering."""
+        return self.control("down" if broker_id is None else "down %d" % broker_id)
+
+    def up(self, broker_id=None):
+        return self.control("up" if broker_id is None else "up %d" % broker_id)
+
+    def produce_errors(self, n, errname):
+        """The next n Produce requests fail with errname (e.g. NOT_ENOUGH_REPLICAS)."""
+        return self.control("produce_errors %d %s" % (n, errname))
+
+    def clear_errors(self):
+        return self.control("clear_errors")
+
+    def set_rtt(self, ms, broker_id=None):
+        return self.control("rtt %s %d" % ("all" if broker_id is None else broker_id, ms))
+
+    def create_topic(self, name, partitions):
+        return self.control("topic %s %d" % (name, partitions))
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def stop(self, timeout=10.0):
+        """SIGTERM and wait; returns the exit code (0 expected)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError("mock broker ignored SIGTERM for %.0fs" % timeout)
+        self._close_pipe()
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_pipe()
+        return self.proc.returncode
+
+    def _close_pipe(self):
+        if self.proc.stdout and not self.proc.stdout.closed:
+            self.proc.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        rc = self.stop()
+        # Non-zero means a crash or a sanitizer report: fail, unless the test
+        # already failed for its own reason.
+        if rc != 0 and exc_type is None:
+            raise AssertionError("mock broker exited %s: %s" % (rc, self.log_text()[-2000:]))
+
+
+# ---------------------------------------------------------------- daemons
+
+_PASSTHROUGH_ENV = ("PATH", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                    "LD_LIBRARY_PATH", "TZ")
+
+
+class Relay:
+    """A relay or sweeper process.
+
+    Relay("outbox-relay", env={...}, args=["--once"], log_dir=tmp_path, name="r1")
+    starts it at once with env merged over a minimal base (PATH and the
+    sanitizer options from os.environ). stdout and stderr go to
+    <log_dir>/<name>.log. Context manager: stops it (SIGTERM) on exit.
+    `binary` may be a program name for bin_path() or a path.
+    """
+
+    def __init__(self, binary="outbox-relay", env=None, args=(), log_dir=None, name=None):
+        self.path = binary if os.sep in binary else bin_path(binary)
+        self.name = name or os.path.basename(self.path)
+        self.log_dir = str(log_dir) if log_dir else _tmpdir("outbox-%s-" % self.name)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.log_path = os.path.join(self.log_dir, "%s.log" % self.name)
+        base = {k: os.environ[k] for k in _PASSTHROUGH_ENV if k in os.environ}
+        base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        self.env = {**base, **{k: str(v) for k, v in (env or {}).items()}}
+        self.args = [str(a) for a in args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([self.path, *self.args], env=self.env,
+                                         stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    @property
+    def returncode(self):
+        return self.proc.poll()
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def wait(self, timeout=30.0):
+        """Waits for exit; returns the exit code (negative: killed by signal).
+        Raises AssertionError if still running after timeout."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("%s (pid %d) still running after %.0fs"
+                                 % (self.name, self.pid, timeout)) from None
+
+    def send_signal(self, sig):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=30.0):
+        """Sends sig and waits; returns the exit code. If it has not exited
+        after timeout it is SIGKILLed and AssertionError is raised."""
+        self.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("%s (pid %d) did not exit within %.0fs of signal %d"
+                                 % (self.name, self.pid, timeout, sig)) from None
+
+    def kill(self):
+        """SIGKILL (no cleanup in the process); returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    def log_text(self):
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait_log(self, pattern, timeout=10.0):
+        """Waits until the log matches regex pattern; returns the match."""
+        rx = re.compile(pattern)
+        return wait_until(lambda: rx.search(self.log_text()), timeout,
+                          what="%s log matching %r" % (self.name, pattern))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if self.running():
+            try:
+                self.stop()
+            except AssertionError:
+                if exc_type is None:  # don't mask the test's own failure
+                    raise
+
+
+# ---------------------------------------------------------------- checks on messages
+
+def header(msg, name):
+    """First value of header `name` in a read_topics() message, or None."""
+    for k, v in msg.get("headers") or ():
+        if k == name:
+            return v
+    return None
+
+
+def check_order(messages):
+    """Checks G2 (DESIGN.md): in each partition, for each aggregate
+    (tenant-id, aggregate-type, aggregate-id headers), the first copies of its
+    versions appear in increasing aggregate-version order; later duplicate
+    copies of versions already seen are allowed.
+
+    Returns (ok, details): details is a list of human-readable violations
+    (empty when ok). A message without the needed headers is a violation."""
+    details = []
+    # (topic, partition) -> aggregate -> [highest first-seen version, seen set]
+    state = collections.defaultdict(dict)
+    for m in sorted(messages, key=lambda m: (m["topic"], m["partition"], m["offset"])):
+        where = "%s[%d]@%d" % (m["topic"], m["partition"], m["offset"])
+        agg = (header(m, "tenant-id"), header(m, "aggregate-type"), header(m, "aggregate-id"))
+        version = header(m, "aggregate-version")
+        if None in agg or version is None:
+            details.append("%s: missing tenant-id/aggregate-type/aggregate-id/"
+                           "aggregate-version header" % where)
+            continue
+        try:
+            v = int(version)
+        except ValueError:
+            details.append("%s: aggregate-version %r is not an integer" % (where, version))
+            continue
+        aggs = state[(m["topic"], m["partition"])]
+        top, seen = aggs.setdefault(agg, [None, set()])
+        if v in seen:
+            continue  # a redelivered copy: allowed anywhere after the first
+        seen.add(v)
+        if top is not None and v < top:
+            details.append("%s: aggregate %s first copy of version %d after version %d"
+                           % (where, "/".join(agg), v, top))
+        else:
+            aggs[agg][0] = v
+    return (not details, details)
+
+
+def duplicates(messages):
+    """{event-id: copies} for event ids seen more than once."""
+    c = collections.Counter(header(m, "event-id") for m in messages)
+    return {k: n for k, n in c.items() if n > 1}
+
+
+def count_duplicates(messages):
+    """Number of extra copies: messages minus distinct event-id values
+    (0 when every event was published exactly once)."""
+    return sum(n - 1 for n in duplicates(messages).values())
