@@ -1,0 +1,79 @@
+/* config.h - configuration from flags, environment, a key = value file and
+ * defaults, in that order of precedence (DESIGN.md, "Configuration"). The only
+ * module that reads the environment. */
+#ifndef OUTBOX_CONFIG_H
+#define OUTBOX_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum config_program { CONFIG_RELAY = 1, CONFIG_SWEEPER = 2 };
+enum config_ordering { ORDERING_AGGREGATE = 0, ORDERING_NONE };
+enum config_value_format { VALUE_ENVELOPE = 0, VALUE_PAYLOAD };
+enum config_serialization { SERIALIZATION_JSON = 0, SERIALIZATION_AVRO };
+
+/* One librdkafka property and where it came from (for error messages). */
+struct config_kafka_prop {
+        char *name;    /* librdkafka property, e.g. bootstrap.servers */
+        char *value;
+        char *source;  /* e.g. OUTBOX_KAFKA_BOOTSTRAP_SERVERS */
+};
+
+struct config {
+        char *database_url;
+        char *table;
+        char *relay_id;
+        int batch_size;
+        int poll_interval_ms;
+        int ordering;         /* enum config_ordering */
+        int max_attempts;
+        int backoff_initial_ms;
+        int backoff_max_ms;
+        char *topic_template;
+        int value_format;     /* enum config_value_format */
+        int serialization;    /* enum config_serialization */
+        char *schema_registry_url;
+        char *producer_name;
+        char *http_addr;      /* "off" disables */
+        int log_level;        /* enum log_level */
+        int log_format_json;
+        int lock_timeout_s;
+        int sweep_interval_s;
+        long long retention_s;
+        int delete_batch;
+        int once;             /* sweeper --once */
+
+        struct config_kafka_prop *kafka;
+        size_t kafka_cnt;
+};
+
+/* Outcomes of config_load() besides 0 (ok) and -1 (bad configuration). */
+#define CONFIG_EXIT_HELP 1     /* --help printed: exit 0 */
+#define CONFIG_EXIT_VERSION 2  /* --version printed: exit 0 */
+
+/* Fills *cfg from argv, the environment, the --config file and defaults, and
+ * validates it. On -1, errstr holds one line naming the variable and the
+ * problem. Help and version text go to `out`. The caller frees with
+ * config_destroy() whatever the result. */
+int config_load(struct config *cfg, enum config_program prog, int argc, char **argv,
+                FILE *out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Frees everything config_load() allocated; safe on a zeroed struct. */
+void config_destroy(struct config *cfg);
+
+/* Validates `table` as an identifier or schema.identifier (letters, digits,
+ * underscores, not starting with a digit, at most 63 bytes each). 0 if valid. */
+int config_check_identifier(const char *table);
+
+/* Maps an environment name (OUTBOX_KAFKA_SASL_MECHANISM) or file key
+ * (kafka_sasl_mechanism) suffix to a librdkafka property (sasl.mechanism):
+ * lower-case, "___" -> "-", "__" -> "_", "_" -> ".". Returns a malloc'd string
+ * the caller frees, or NULL on allocation failure. */
+char *config_kafka_property(const char *suffix);
+
+/* Writes `url` with any password replaced by "****" into out (URI userinfo or
+ * keyword/value `password=`). */
+void config_redact_url(const char *url, char *out, size_t out_size);
+
+#endif

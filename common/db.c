@@ -1,0 +1,576 @@
+/* db.c - SQL of the relay and the sweeper against the outbox table. */
+#include "db.h"
+
+#include <errno.h>
+#include <libpq-fe.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+
+#include "config.h"
+#include "encode.h"
+#include "log.h"
+
+const char *const db_status_names[DB_STATUS_COUNT] = {"PENDING", "PUBLISHING", "PUBLISHED",
+                                                     "FAILED", "DEAD"};
+
+struct db {
+        char *url, *table, *relay_id;
+        PGconn *conn;
+        char *qtable;   /* "schema"."table", resolved at connect */
+        char *channel;  /* schema.table */
+        int prepared_lock[2];
+};
+
+/* Columns every locked row returns, in struct outbox_event order. headers is
+ * the headers_json object as netstrings (see event.h), NULL when not an
+ * object; occurred_at is formatted as RFC 3339 UTC by the server. */
+static const char lock_columns[] =
+        "o.outbox_id::text, o.tenant_id, o.aggregate_type, o.aggregate_id, "
+        "o.aggregate_version, o.event_type, o.event_version, o.topic_name, "
+        "o.partition_key, o.event_key, o.payload_json::text, "
+        "CASE WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("
+        "  SELECT string_agg(octet_length(h.key)::text || ':' || h.key || "
+        "         octet_length(h.v)::text || ':' || h.v, '' ORDER BY h.key) "
+        "  FROM (SELECT key, CASE WHEN jsonb_typeof(value) = 'string' "
+        "               THEN value #>> '{}' ELSE value::text END AS v "
+        "        FROM jsonb_each(o.headers_json)) h), '') END, "
+        "o.correlation_id, o.causation_id, o.trace_id, "
+        "to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+        "extract(epoch FROM o.occurred_at)::float8, o.attempt_count";
+
+enum { C_ID, C_TENANT, C_AGG_TYPE, C_AGG_ID, C_AGG_VERSION, C_EVENT_TYPE, C_EVENT_VERSION,
+       C_TOPIC, C_PKEY, C_EVENT_KEY, C_PAYLOAD, C_HEADERS, C_CORRELATION, C_CAUSATION,
+       C_TRACE, C_OCCURRED, C_OCCURRED_EPOCH, C_ATTEMPTS, C_NCOLS };
+
+static int fail(char *errstr, size_t size, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static int fail(char *errstr, size_t size, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errstr, size, fmt, ap);
+        va_end(ap);
+        /* libpq messages end in a newline: one line per log event */
+        size_t n = strlen(errstr);
+        while (n && (errstr[n - 1] == '\n' || errstr[n - 1] == ' '))
+                errstr[--n] = '\0';
+        for (char *p = errstr; *p; p++)
+                if (*p == '\n')
+                        *p = ' ';
+        return -1;
+}
+
+struct db *db_new(const char *url, const char *table, const char *relay_id) {
+        struct db *db = calloc(1, sizeof *db);
+        if (!db)
+                return NULL;
+        db->url = strdup(url);
+        db->table = strdup(table);
+        db->relay_id = strdup(relay_id);
+        if (!db->url || !db->table || !db->relay_id) {
+                db_destroy(db);
+                return NULL;
+        }
+        return db;
+}
+
+int db_connected(const struct db *db) {
+        return db->conn && PQstatus(db->conn) == CONNECTION_OK;
+}
+
+void db_disconnect(struct db *db) {
+        if (db->conn)
+                PQfinish(db->conn);
+        db->conn = NULL;
+        free(db->qtable);
+        free(db->channel);
+        db->qtable = db->channel = NULL;
+        db->prepared_lock[0] = db->prepared_lock[1] = 0;
+}
+
+/* Runs a statement without parameters; -1 (errstr set) unless it succeeded. */
+static int exec_simple(struct db *db, const char *sql, char *errstr, size_t size) {
+        PGresult *r = PQexec(db->conn, sql);
+        ExecStatusType st = PQresultStatus(r);
+        int rc = 0;
+        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+                rc = fail(errstr, size, "%s", PQerrorMessage(db->conn));
+        PQclear(r);
+        return rc;
+}
+
+/* A statement failed: drop the connection if it is gone, so the caller
+ * reconnects. */
+static void check_conn(struct db *db) {
+        if (db->conn && PQstatus(db->conn) != CONNECTION_OK)
+                db_disconnect(db);
+}
+
+static int prepare(struct db *db, const char *name, const char *sql, int nparams,
+                   char *errstr, size_t size) {
+        PGresult *r = PQprepare(db->conn, name, sql, nparams, NULL);
+        int rc = PQresultStatus(r) == PGRES_COMMAND_OK
+                         ? 0
+                         : fail(errstr, size, "prepare %s: %s", name, PQerrorMessage(db->conn));
+        PQclear(r);
+        return rc;
+}
+
+static int prepare_all(struct db *db, char *errstr, size_t size) {
+        const char *t = db->qtable;
+        struct buf sql = {0};
+        int rc = -1;
+
+        /* Lock (DESIGN.md step 1 and 2); variant 1 carries the aggregate guard. */
+        for (int guard = 0; guard < 2; guard++) {
+                buf_reset(&sql);
+                if (buf_appendf(&sql,
+                                "WITH due AS ("
+                                " SELECT o.outbox_id FROM %s o"
+                                " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()",
+                                t))
+                        goto oom;
+                if (guard && buf_appendf(&sql,
+                                         " AND NOT EXISTS (SELECT 1 FROM %s p"
+                                         "  WHERE p.tenant_id = o.tenant_id"
+                                         "  AND p.aggregate_type = o.aggregate_type"
+                                         "  AND p.aggregate_id = o.aggregate_id"
+                                         "  AND p.aggregate_version < o.aggregate_version"
+                                         "  AND p.status <> 'PUBLISHED')",
+                                         t))
+                        goto oom;
+                if (buf_appendf(&sql,
+                                " ORDER BY o.available_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+                                " locked AS ("
+                                " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
+                                "  locked_at = now(), last_attempt_at = now(),"
+                                "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
+                                " FROM due WHERE o.outbox_id = due.outbox_id"
+                                " RETURNING %s)"
+                                " SELECT * FROM locked ORDER BY 2, 3, 4, 5",
+                                t, lock_columns))
+                        goto oom;
+                if (prepare(db, guard ? "lock_guarded" : "lock_unordered", sql.data, 2, errstr,
+                            size))
+                        goto out;
+        }
+
+        buf_reset(&sql);
+        if (buf_appendf(&sql,
+                        "UPDATE %s SET status = 'PUBLISHED', published_at = now(),"
+                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                        " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
+                        " AND locked_by = $2",
+                        t))
+                goto oom;
+        if (prepare(db, "mark_published", sql.data, 2, errstr, size))
+                goto out;
+
+        buf_reset(&sql);
+        if (buf_appendf(&sql,
+                        "UPDATE %s o SET status = $1,"
+                        " available_at = CASE WHEN $1 = 'FAILED'"
+                        "  THEN now() + u.delay_ms * interval '1 millisecond'"
+                        "  ELSE o.available_at END,"
+                        " last_error_code = u.code, last_error_message = u.msg,"
+                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                        " FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::text[])"
+                        "  AS u(id, delay_ms, code, msg)"
+                        " WHERE o.outbox_id = u.id AND o.status = 'PUBLISHING'"
+                        " AND o.locked_by = $6",
+                        t))
+                goto oom;
+        if (prepare(db, "mark_unpublished", sql.data, 6, errstr, size))
+                goto out;
+        rc = 0;
+        goto out;
+oom:
+        rc = fail(errstr, size, "out of memory");
+out:
+        buf_free(&sql);
+        return rc;
+}
+
+int db_connect(struct db *db, char *errstr, size_t errstr_size) {
+        const char *keys[] = {"dbname", "application_name", "connect_timeout", "keepalives_idle",
+                              NULL};
+        const char *vals[] = {db->url, "outbox-relay", "10", "30", NULL};
+        const char *param[1] = {db->table};
+        PGresult *r = NULL;
+        char *nsp = NULL, *rel = NULL;
+        int rc = -1;
+
+        db_disconnect(db);
+        db->conn = PQconnectdbParams(keys, vals, 1);
+        if (!db->conn)
+                return fail(errstr, errstr_size, "out of memory");
+        if (PQstatus(db->conn) != CONNECTION_OK) {
+                fail(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
+                goto out;
+        }
+
+        r = PQexecParams(db->conn,
+                         "SELECT n.nspname, c.relname FROM pg_class c"
+                         " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                         " WHERE c.oid = to_regclass($1)",
+                         1, NULL, param, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+                fail(errstr, errstr_size, "resolve table: %s", PQerrorMessage(db->conn));
+                goto out;
+        }
+        if (PQntuples(r) != 1) {
+                fail(errstr, errstr_size,
+                     "table %s does not exist (apply schemas/postgres/*.sql first)", db->table);
+                goto out;
+        }
+        nsp = PQescapeIdentifier(db->conn, PQgetvalue(r, 0, 0), strlen(PQgetvalue(r, 0, 0)));
+        rel = PQescapeIdentifier(db->conn, PQgetvalue(r, 0, 1), strlen(PQgetvalue(r, 0, 1)));
+        size_t qlen = (nsp ? strlen(nsp) : 0) + (rel ? strlen(rel) : 0) + 2;
+        size_t clen = strlen(PQgetvalue(r, 0, 0)) + strlen(PQgetvalue(r, 0, 1)) + 2;
+        db->qtable = malloc(qlen);
+        db->channel = malloc(clen);
+        if (!nsp || !rel || !db->qtable || !db->channel) {
+                fail(errstr, errstr_size, "out of memory");
+                goto out;
+        }
+        snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
+        snprintf(db->channel, clen, "%s.%s", PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+
+        {
+                char *qchan = PQescapeIdentifier(db->conn, db->channel, strlen(db->channel));
+                char listen[300];
+                if (!qchan) {
+                        fail(errstr, errstr_size, "out of memory");
+                        goto out;
+                }
+                snprintf(listen, sizeof listen, "LISTEN %s", qchan);
+                PQfreemem(qchan);
+                if (exec_simple(db, listen, errstr, errstr_size))
+                        goto out;
+        }
+        if (prepare_all(db, errstr, errstr_size))
+                goto out;
+        rc = 0;
+out:
+        PQclear(r);
+        if (nsp)
+                PQfreemem(nsp);
+        if (rel)
+                PQfreemem(rel);
+        if (rc)
+                db_disconnect(db);
+        return rc;
+}
+
+int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
+                  char *errstr, size_t errstr_size) {
+        char lim[16];
+        const char *params[2] = {lim, db->relay_id};
+        memset(out, 0, sizeof *out);
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        snprintf(lim, sizeof lim, "%d", limit);
+        PGresult *r = PQexecPrepared(db->conn, ordering_aggregate ? "lock_guarded" : "lock_unordered",
+                                     2, params, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
+                fail(errstr, errstr_size, "lock batch: %s", PQerrorMessage(db->conn));
+                PQclear(r);
+                check_conn(db);
+                return -1;
+        }
+        size_t n = (size_t)PQntuples(r);
+        if (n == 0) {
+                PQclear(r);
+                return 0;
+        }
+        out->events = calloc(n, sizeof *out->events);
+        if (!out->events) {
+                /* The rows stay PUBLISHING until the sweeper returns them. */
+                PQclear(r);
+                return fail(errstr, errstr_size, "out of memory for %zu rows", n);
+        }
+#define V(col) (PQgetisnull(r, (int)i, col) ? NULL : PQgetvalue(r, (int)i, col))
+#define S(col) PQgetvalue(r, (int)i, col) /* NOT NULL columns: "" never NULL */
+        for (size_t i = 0; i < n; i++) {
+                struct outbox_event *e = &out->events[i];
+                e->outbox_id = V(C_ID);
+                e->tenant_id = V(C_TENANT);
+                e->aggregate_type = V(C_AGG_TYPE);
+                e->aggregate_id = V(C_AGG_ID);
+                e->aggregate_version = strtoll(S(C_AGG_VERSION), NULL, 10);
+                e->event_type = V(C_EVENT_TYPE);
+                e->event_version = atoi(S(C_EVENT_VERSION));
+                e->topic_name = V(C_TOPIC);
+                e->partition_key = V(C_PKEY);
+                e->event_key = V(C_EVENT_KEY);
+                e->payload = V(C_PAYLOAD);
+                e->payload_len = e->payload ? (size_t)PQgetlength(r, (int)i, C_PAYLOAD) : 0;
+                e->headers = V(C_HEADERS);
+                e->correlation_id = V(C_CORRELATION);
+                e->causation_id = V(C_CAUSATION);
+                e->trace_id = V(C_TRACE);
+                e->occurred_at = V(C_OCCURRED);
+                e->occurred_at_epoch = strtod(S(C_OCCURRED_EPOCH), NULL);
+                e->attempt_count = atoi(S(C_ATTEMPTS));
+        }
+#undef V
+#undef S
+        out->count = n;
+        out->priv = r;
+        return 0;
+}
+
+void db_batch_clear(struct db_batch *b) {
+        if (!b)
+                return;
+        PQclear(b->priv);
+        free(b->events);
+        memset(b, 0, sizeof *b);
+}
+
+/* Appends s as an element of a PostgreSQL array literal (NULL as NULL). */
+static int array_elem(struct buf *a, const char *s) {
+        if (a->len > 1 && buf_append(a, ",", 1))
+                return -1;
+        if (!s)
+                return buf_append(a, "NULL", 4);
+        if (buf_append(a, "\"", 1))
+                return -1;
+        for (; *s; s++) {
+                if ((*s == '"' || *s == '\\') && buf_append(a, "\\", 1))
+                        return -1;
+                if (buf_append(a, s, 1))
+                        return -1;
+        }
+        return buf_append(a, "\"", 1);
+}
+
+/* Runs a mark statement; adds affected rows to *done. */
+static int run_mark(struct db *db, const char *stmt, int nparams, const char *const *params,
+                    long long *done, char *errstr, size_t size) {
+        PGresult *r = PQexecPrepared(db->conn, stmt, nparams, params, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fail(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
+                PQclear(r);
+                check_conn(db);
+                return -1;
+        }
+        *done += strtoll(PQcmdTuples(r), NULL, 10);
+        PQclear(r);
+        return 0;
+}
+
+int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost,
+            char *errstr, size_t errstr_size) {
+        struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0};
+        long long done = 0;
+        size_t expected = 0;
+        int rc = -1;
+
+        *lost = 0;
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        for (int status = DB_PUBLISHED; status <= DB_DEAD; status++) {
+                size_t cnt = 0;
+                buf_reset(&ids);
+                buf_reset(&delays);
+                buf_reset(&codes);
+                buf_reset(&msgs);
+                if (buf_append(&ids, "{", 1) || buf_append(&delays, "{", 1) ||
+                    buf_append(&codes, "{", 1) || buf_append(&msgs, "{", 1))
+                        goto oom;
+                for (size_t i = 0; i < n; i++) {
+                        if ((int)outs[i].status != status)
+                                continue;
+                        char d[24];
+                        snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
+                        if (array_elem(&ids, outs[i].outbox_id) || array_elem(&delays, d) ||
+                            array_elem(&codes, outs[i].code) || array_elem(&msgs, outs[i].message))
+                                goto oom;
+                        cnt++;
+                }
+                if (!cnt)
+                        continue;
+                if (buf_append(&ids, "}", 1) || buf_append(&delays, "}", 1) ||
+                    buf_append(&codes, "}", 1) || buf_append(&msgs, "}", 1))
+                        goto oom;
+                expected += cnt;
+                if (status == DB_PUBLISHED) {
+                        const char *p[2] = {ids.data, db->relay_id};
+                        if (run_mark(db, "mark_published", 2, p, &done, errstr, errstr_size))
+                                goto out;
+                } else {
+                        const char *p[6] = {status == DB_FAILED ? "FAILED" : "DEAD", ids.data,
+                                            delays.data, codes.data, msgs.data, db->relay_id};
+                        if (run_mark(db, "mark_unpublished", 6, p, &done, errstr, errstr_size))
+                                goto out;
+                }
+        }
+        *lost = expected > (size_t)done ? expected - (size_t)done : 0;
+        rc = 0;
+        goto out;
+oom:
+        rc = fail(errstr, errstr_size, "out of memory");
+out:
+        buf_free(&ids);
+        buf_free(&delays);
+        buf_free(&codes);
+        buf_free(&msgs);
+        return rc;
+}
+
+/* Frees pending notifications; returns how many there were. */
+static int drain_notifies(struct db *db) {
+        int n = 0;
+        PGnotify *nt;
+        while ((nt = PQnotifies(db->conn)) != NULL) {
+                PQfreemem(nt);
+                n++;
+        }
+        return n;
+}
+
+int db_wait(struct db *db, int timeout_ms) {
+        if (!db_connected(db))
+                return -1;
+        if (!PQconsumeInput(db->conn)) {
+                db_disconnect(db);
+                return -1;
+        }
+        if (drain_notifies(db))
+                return 1;
+        int fd = PQsocket(db->conn);
+        if (fd < 0) {
+                db_disconnect(db);
+                return -1;
+        }
+        fd_set rfds;
+        FD_ZERO(&rfds);
+        FD_SET(fd, &rfds);
+        struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+        int s = select(fd + 1, &rfds, NULL, NULL, &tv);
+        if (s < 0)
+                return errno == EINTR ? 0 : -1;
+        if (s == 0)
+                return 0;
+        if (!PQconsumeInput(db->conn)) {
+                db_disconnect(db);
+                return -1;
+        }
+        return drain_notifies(db) ? 1 : 0;
+}
+
+/* Runs a one-row-count statement with two parameters; *n gets the row count. */
+static int exec_count(struct db *db, const char *what, const char *sql, const char *p1,
+                      const char *p2, long long *n, char *errstr, size_t size) {
+        const char *params[2] = {p1, p2};
+        *n = 0;
+        if (!db_connected(db))
+                return fail(errstr, size, "not connected");
+        PGresult *r = PQexecParams(db->conn, sql, 2, NULL, params, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fail(errstr, size, "%s: %s", what, PQerrorMessage(db->conn));
+                PQclear(r);
+                check_conn(db);
+                return -1;
+        }
+        *n = strtoll(PQcmdTuples(r), NULL, 10);
+        PQclear(r);
+        return 0;
+}
+
+int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
+                   size_t errstr_size) {
+        struct buf sql = {0};
+        char a[24], b[24];
+        snprintf(a, sizeof a, "%d", lock_timeout_s);
+        snprintf(b, sizeof b, "%d", limit);
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        if (buf_appendf(&sql,
+                        "WITH stale AS (SELECT outbox_id FROM %s"
+                        " WHERE status = 'PUBLISHING' AND locked_at < now() - $1 * interval '1 second'"
+                        " ORDER BY locked_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                        " UPDATE %s o SET status = 'FAILED', available_at = now(),"
+                        " last_error_code = 'STALE_LOCK',"
+                        " last_error_message = 'lock of ' || coalesce(o.locked_by, '?')"
+                        "  || ' expired after ' || $1 || ' s',"
+                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                        " FROM stale WHERE o.outbox_id = stale.outbox_id",
+                        db->qtable, db->qtable)) {
+                buf_free(&sql);
+                return fail(errstr, errstr_size, "out of memory");
+        }
+        int rc = exec_count(db, "reset stale locks", sql.data, a, b, n, errstr, errstr_size);
+        buf_free(&sql);
+        return rc;
+}
+
+int db_delete_published(struct db *db, long long retention_s, int limit, long long *n,
+                        char *errstr, size_t errstr_size) {
+        struct buf sql = {0};
+        char a[24], b[24];
+        snprintf(a, sizeof a, "%lld", retention_s);
+        snprintf(b, sizeof b, "%d", limit);
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        if (buf_appendf(&sql,
+                        "DELETE FROM %s WHERE outbox_id IN (SELECT outbox_id FROM %s"
+                        " WHERE status = 'PUBLISHED'"
+                        " AND published_at < now() - $1 * interval '1 second'"
+                        " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                        db->qtable, db->qtable)) {
+                buf_free(&sql);
+                return fail(errstr, errstr_size, "out of memory");
+        }
+        int rc = exec_count(db, "delete published", sql.data, a, b, n, errstr, errstr_size);
+        buf_free(&sql);
+        return rc;
+}
+
+int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s,
+              char *errstr, size_t errstr_size) {
+        struct buf sql = {0};
+        int rc = -1;
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        /* Exact counts over unpublished rows (the partial index's predicate),
+         * an estimate for PUBLISHED, which may be millions of rows. */
+        if (buf_appendf(&sql,
+                        "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
+                        " count(*) FILTER (WHERE status = 'PUBLISHING'),"
+                        " greatest((SELECT reltuples FROM pg_class WHERE oid = '%s'::regclass)"
+                        "  - count(*), 0)::float8,"
+                        " count(*) FILTER (WHERE status = 'FAILED'),"
+                        " count(*) FILTER (WHERE status = 'DEAD'),"
+                        " coalesce(extract(epoch FROM now() - min(created_at)"
+                        "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
+                        " FROM %s WHERE status <> 'PUBLISHED'",
+                        db->qtable, db->qtable))
+                return fail(errstr, errstr_size, "out of memory");
+        PGresult *r = PQexec(db->conn, sql.data);
+        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+                fail(errstr, errstr_size, "sample: %s", PQerrorMessage(db->conn));
+                check_conn(db);
+        } else {
+                for (int i = 0; i < DB_STATUS_COUNT; i++)
+                        counts[i] = strtod(PQgetvalue(r, 0, i), NULL);
+                *oldest_age_s = strtod(PQgetvalue(r, 0, DB_STATUS_COUNT), NULL);
+                rc = 0;
+        }
+        PQclear(r);
+        buf_free(&sql);
+        return rc;
+}
+
+void db_destroy(struct db *db) {
+        if (!db)
+                return;
+        db_disconnect(db);
+        free(db->url);
+        free(db->table);
+        free(db->relay_id);
+        free(db);
+}

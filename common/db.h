@@ -1,0 +1,90 @@
+/* db.h - the outbox table over libpq. The only module that includes libpq. */
+#ifndef OUTBOX_DB_H
+#define OUTBOX_DB_H
+
+#include <stddef.h>
+
+#include "event.h"
+
+struct db;
+
+/* Rows locked by db_lock_batch(). The events borrow from the query result:
+ * valid until db_batch_clear(). */
+struct db_batch {
+        struct outbox_event *events;
+        size_t count;
+        void *priv;
+};
+
+enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD };
+
+/* One row's outcome for db_mark(). Strings are borrowed. */
+struct db_outcome {
+        const char *outbox_id;
+        enum db_status status;
+        long long delay_ms;      /* DB_FAILED: available_at = now() + delay */
+        const char *code;        /* DB_FAILED, DB_DEAD: last_error_code */
+        const char *message;     /* last_error_message (never a payload) */
+};
+
+#define DB_STATUS_COUNT 5
+/* Order of db_sample()'s counts. */
+extern const char *const db_status_names[DB_STATUS_COUNT];
+
+/* Creates an unconnected handle; copies the strings. NULL on allocation
+ * failure. `table` must have passed config_check_identifier(). */
+struct db *db_new(const char *url, const char *table, const char *relay_id);
+
+/* (Re)connects: opens the connection, resolves the table (schema and name),
+ * LISTENs on its channel and prepares the statements. 0 or -1 (errstr set, no
+ * password in it). */
+int db_connect(struct db *db, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Nonzero while the connection is believed good. */
+int db_connected(const struct db *db);
+
+/* Drops the connection (db_connect() may follow). */
+void db_disconnect(struct db *db);
+
+/* Locks at most `limit` due rows into PUBLISHING for this relay, in one
+ * statement (DESIGN.md step 1), with the per-aggregate guard unless
+ * `ordering_aggregate` is 0. Rows come back ordered by aggregate and version.
+ * 0 or -1 (errstr set; the connection is dropped when it failed). */
+int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
+                  char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+void db_batch_clear(struct db_batch *b);
+
+/* Marks outcomes: one statement (its own transaction) per status, fenced by
+ * status = PUBLISHING and locked_by = this relay. *lost gets the number of
+ * rows whose lock was taken back meanwhile. 0 or -1 (errstr set; outcomes of
+ * statements that did not run are not applied: call again after reconnecting;
+ * marking is idempotent). */
+int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost,
+            char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Waits up to timeout_ms for a NOTIFY on the table's channel. 1 notified,
+ * 0 timed out or interrupted by a signal, -1 connection lost. */
+int db_wait(struct db *db, int timeout_ms);
+
+/* Sweeper: moves at most `limit` PUBLISHING rows locked longer than
+ * lock_timeout_s ago to FAILED (STALE_LOCK, due now). *n gets the count. */
+int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n,
+                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Sweeper: deletes at most `limit` PUBLISHED rows published more than
+ * retention_s ago. *n gets the count. */
+int db_delete_published(struct db *db, long long retention_s, int limit, long long *n,
+                        char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* One query for the table gauges: counts by status (db_status_names order;
+ * PUBLISHED is the planner's estimate, the others exact) and the age in
+ * seconds of the oldest PENDING or FAILED row (0 when none). */
+int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s,
+              char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Closes and frees. NULL is a no-op. */
+void db_destroy(struct db *db);
+
+#endif

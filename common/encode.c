@@ -1,0 +1,242 @@
+/* encode.c - topic, envelope and headers of one outbox row. */
+#include "encode.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int buf_reserve(struct buf *b, size_t extra) {
+        if (b->len + extra + 1 <= b->cap)
+                return 0;
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + extra + 1)
+                cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d)
+                return -1;
+        b->data = d;
+        b->cap = cap;
+        return 0;
+}
+
+int buf_append(struct buf *b, const void *p, size_t n) {
+        if (buf_reserve(b, n) != 0)
+                return -1;
+        memcpy(b->data + b->len, p, n);
+        b->len += n;
+        b->data[b->len] = '\0';
+        return 0;
+}
+
+int buf_appendf(struct buf *b, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(NULL, 0, fmt, ap);
+        va_end(ap);
+        if (n < 0 || buf_reserve(b, (size_t)n) != 0)
+                return -1;
+        va_start(ap, fmt);
+        vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+        b->len += (size_t)n;
+        return 0;
+}
+
+int buf_append_json_string(struct buf *b, const char *s) {
+        if (!s)
+                return buf_append(b, "null", 4);
+        if (buf_append(b, "\"", 1) != 0)
+                return -1;
+        const char *run = s;
+        for (const char *p = s; *p; p++) {
+                unsigned char c = (unsigned char)*p;
+                if (c >= 0x20 && c != '"' && c != '\\')
+                        continue;
+                if (buf_append(b, run, (size_t)(p - run)) != 0)
+                        return -1;
+                int rc;
+                switch (c) {
+                case '"': rc = buf_append(b, "\\\"", 2); break;
+                case '\\': rc = buf_append(b, "\\\\", 2); break;
+                case '\n': rc = buf_append(b, "\\n", 2); break;
+                case '\r': rc = buf_append(b, "\\r", 2); break;
+                case '\t': rc = buf_append(b, "\\t", 2); break;
+                default: rc = buf_appendf(b, "\\u%04x", c); break;
+                }
+                if (rc != 0)
+                        return -1;
+                run = p + 1;
+        }
+        return buf_append(b, run, strlen(run)) || buf_append(b, "\"", 1) ? -1 : 0;
+}
+
+void buf_reset(struct buf *b) {
+        b->len = 0;
+        if (b->data)
+                b->data[0] = '\0';
+}
+
+void buf_free(struct buf *b) {
+        free(b->data);
+        memset(b, 0, sizeof *b);
+}
+
+int encode_topic(const char *template, const struct outbox_event *ev, struct buf *out) {
+        static const struct {
+                const char *name;
+                size_t len;
+                size_t off;
+        } ph[] = {
+                {"{aggregate_type}", 16, offsetof(struct outbox_event, aggregate_type)},
+                {"{event_type}", 12, offsetof(struct outbox_event, event_type)},
+                {"{tenant_id}", 11, offsetof(struct outbox_event, tenant_id)},
+        };
+        buf_reset(out);
+        if (ev->topic_name && *ev->topic_name)
+                return buf_append(out, ev->topic_name, strlen(ev->topic_name));
+        for (const char *p = template; *p;) {
+                size_t i;
+                for (i = 0; i < sizeof ph / sizeof ph[0]; i++)
+                        if (!strncmp(p, ph[i].name, ph[i].len))
+                                break;
+                if (i < sizeof ph / sizeof ph[0]) {
+                        const char *v = *(const char *const *)((const char *)ev + ph[i].off);
+                        if (buf_append(out, v, strlen(v)) != 0)
+                                return -1;
+                        p += ph[i].len;
+                } else if (buf_append(out, p++, 1) != 0) {
+                        return -1;
+                }
+        }
+        return out->len ? 0 : -1;
+}
+
+int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {
+        buf_reset(out);
+        int rc = buf_append(out, "{\"event_id\":", 12) ||
+                 buf_append_json_string(out, ev->outbox_id) ||
+                 buf_append(out, ",\"event_type\":", 14) ||
+                 buf_append_json_string(out, ev->event_type) ||
+                 buf_appendf(out, ",\"event_version\":%d,\"tenant_id\":", ev->event_version) ||
+                 buf_append_json_string(out, ev->tenant_id) ||
+                 buf_append(out, ",\"aggregate_type\":", 18) ||
+                 buf_append_json_string(out, ev->aggregate_type) ||
+                 buf_append(out, ",\"aggregate_id\":", 16) ||
+                 buf_append_json_string(out, ev->aggregate_id) ||
+                 buf_appendf(out, ",\"aggregate_version\":%lld,\"occurred_at\":",
+                             ev->aggregate_version) ||
+                 buf_append_json_string(out, ev->occurred_at) ||
+                 buf_append(out, ",\"correlation_id\":", 18) ||
+                 buf_append_json_string(out, ev->correlation_id) ||
+                 buf_append(out, ",\"causation_id\":", 16) ||
+                 buf_append_json_string(out, ev->causation_id) ||
+                 buf_append(out, ",\"trace_id\":", 12) ||
+                 buf_append_json_string(out, ev->trace_id) ||
+                 buf_append(out, ",\"payload\":", 11);
+        if (rc)
+                return -1;
+        if (ev->payload)
+                rc = buf_append(out, ev->payload, ev->payload_len);
+        else
+                rc = buf_append(out, "null", 4);
+        return rc || buf_append(out, "}", 1) ? -1 : 0;
+}
+
+/* Reads one netstring "<len>:<bytes>" at *p (end e); returns 0 and advances. */
+static int netstring(const char **p, const char *e, const char **val, size_t *len) {
+        size_t n = 0;
+        const char *q = *p;
+        if (q >= e || *q < '0' || *q > '9')
+                return -1;
+        while (q < e && *q >= '0' && *q <= '9') {
+                n = n * 10 + (size_t)(*q++ - '0');
+                if (n > (size_t)(e - *p))
+                        return -1;
+        }
+        if (q >= e || *q != ':' || n > (size_t)(e - q - 1))
+                return -1;
+        *val = q + 1;
+        *len = n;
+        *p = q + 1 + n;
+        return 0;
+}
+
+int encode_headers(const struct outbox_event *ev, const char *producer,
+                   const char *content_type, const char *schema_id,
+                   struct encode_header *hdrs, struct buf *scratch, char *errstr,
+                   size_t errstr_size) {
+        if (!ev->headers) {
+                snprintf(errstr, errstr_size, "headers_json is not a JSON object");
+                return -1;
+        }
+        /* Numbers go into scratch first; scratch must not grow after we hand
+         * out pointers into it, so reserve everything up front. */
+        size_t extra = strlen(ev->headers) + 64;
+        buf_reset(scratch);
+        if (buf_reserve(scratch, extra + 64) != 0) {
+                snprintf(errstr, errstr_size, "out of memory");
+                return -1;
+        }
+        const char *event_version = scratch->data;
+        scratch->len += (size_t)snprintf(scratch->data, 24, "%d", ev->event_version) + 1;
+        const char *aggregate_version = scratch->data + scratch->len;
+        scratch->len += (size_t)snprintf(scratch->data + scratch->len, 24, "%lld",
+                                         ev->aggregate_version) + 1;
+
+        struct encode_header fixed[] = {
+                {"event-id", ev->outbox_id, 0},
+                {"event-type", ev->event_type, 0},
+                {"event-version", event_version, 0},
+                {"tenant-id", ev->tenant_id, 0},
+                {"aggregate-type", ev->aggregate_type, 0},
+                {"aggregate-id", ev->aggregate_id, 0},
+                {"aggregate-version", aggregate_version, 0},
+                {"occurred-at", ev->occurred_at, 0},
+                {"producer", producer, 0},
+                {"content-type", content_type, 0},
+                {"correlation-id", ev->correlation_id, 0},
+                {"causation-id", ev->causation_id, 0},
+                {"trace-id", ev->trace_id, 0},
+                {"event-key", ev->event_key, 0},
+                {"schema-id", schema_id, 0},
+        };
+        const size_t nfixed = sizeof fixed / sizeof fixed[0];
+        int n = 0;
+        for (size_t i = 0; i < nfixed; i++) {
+                if (!fixed[i].value)
+                        continue;
+                hdrs[n] = fixed[i];
+                hdrs[n++].value_len = strlen(fixed[i].value);
+        }
+
+        const char *p = ev->headers, *e = p + strlen(p);
+        while (p < e) {
+                const char *name, *val;
+                size_t nlen, vlen;
+                if (netstring(&p, e, &name, &nlen) || netstring(&p, e, &val, &vlen)) {
+                        snprintf(errstr, errstr_size, "headers_json could not be decoded");
+                        return -1;
+                }
+                if (n >= ENCODE_MAX_HEADERS) {
+                        snprintf(errstr, errstr_size, "headers_json has more than %d members",
+                                 ENCODE_MAX_HEADERS - (int)nfixed);
+                        return -1;
+                }
+                /* The name must be NUL-terminated for librdkafka: copy it. */
+                char *nm = scratch->data + scratch->len;
+                memcpy(nm, name, nlen);
+                nm[nlen] = '\0';
+                scratch->len += nlen + 1;
+                size_t i;
+                for (i = 0; i < nfixed; i++)
+                        if (!strcmp(fixed[i].name, nm))
+                                break;
+                if (i < nfixed)
+                        continue; /* a member never replaces a fixed header */
+                hdrs[n].name = nm;
+                hdrs[n].value = val;
+                hdrs[n++].value_len = vlen;
+        }
+        return n;
+}

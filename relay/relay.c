@@ -1,0 +1,385 @@
+/* relay.c - lock -> produce -> wait for delivery reports -> mark. */
+#include "relay.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "db.h"
+#include "encode.h"
+#include "kafka.h"
+#include "log.h"
+#include "metrics.h"
+
+#define SAMPLE_INTERVAL_S 10.0
+#define RECONNECT_MIN_MS 100
+#define RECONNECT_MAX_MS 5000
+/* After a stop request, how long marking may keep retrying a lost database. */
+#define STOP_MARK_GRACE_S 30.0
+
+/* What happened to one row of the batch. */
+struct row_state {
+        int done;        /* outcome known (delivery report or produce error) */
+        int ok;
+        int permanent;
+        const char *code;  /* static: rd_kafka_err2name() or our own codes */
+        char message[160];
+        char *topic;
+        size_t size;
+};
+
+struct relay {
+        const struct config *cfg;
+        struct http *http;
+        struct db *db;
+        struct kafka *kafka;
+        unsigned seed;
+        struct db_batch batch;
+        struct row_state *rows;
+        struct db_outcome *outs;
+        struct buf topic, value, scratch;
+        struct encode_header hdrs[ENCODE_MAX_HEADERS];
+        double last_sample;
+        int reconnect_ms;
+};
+
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double wall_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sleeps up to ms, waking early when *stop is set. */
+static void nap(int ms, volatile sig_atomic_t *stop) {
+        while (ms > 0 && !*stop) {
+                int step = ms < 100 ? ms : 100;
+                struct timespec ts = {0, (long)step * 1000000L};
+                nanosleep(&ts, NULL);
+                ms -= step;
+        }
+}
+
+long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
+        long long d = initial_ms;
+        for (int i = 1; i < attempt && d < max_ms; i++)
+                d *= 2;
+        if (d > max_ms)
+                d = max_ms;
+        long long half = d / 2;
+        return half + (d - half > 0 ? (long long)(rand_r(seed) % (d - half + 1)) : 0);
+}
+
+static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx) {
+        struct row_state *st = opaque;
+        (void)ctx;
+        st->done = 1;
+        st->ok = res->ok;
+        st->permanent = res->permanent;
+        st->code = res->code;
+        snprintf(st->message, sizeof st->message, "%s", res->message);
+}
+
+struct relay *relay_new(const struct config *cfg, struct http *http, char *errstr,
+                        size_t errstr_size) {
+        struct relay *r = calloc(1, sizeof *r);
+        if (!r) {
+                snprintf(errstr, errstr_size, "out of memory");
+                return NULL;
+        }
+        r->cfg = cfg;
+        r->http = http;
+        r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+        r->reconnect_ms = RECONNECT_MIN_MS;
+        r->last_sample = -1e9;
+        r->rows = calloc((size_t)cfg->batch_size, sizeof *r->rows);
+        r->outs = calloc((size_t)cfg->batch_size, sizeof *r->outs);
+        r->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
+        if (!r->rows || !r->outs || !r->db) {
+                snprintf(errstr, errstr_size, "out of memory");
+                goto fail;
+        }
+        r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
+        if (!r->kafka)
+                goto fail;
+        return r;
+fail:
+        relay_destroy(r);
+        return NULL;
+}
+
+void relay_destroy(struct relay *r) {
+        if (!r)
+                return;
+        kafka_destroy(r->kafka);
+        db_batch_clear(&r->batch);
+        db_destroy(r->db);
+        if (r->rows)
+                for (int i = 0; i < r->cfg->batch_size; i++)
+                        free(r->rows[i].topic);
+        free(r->rows);
+        free(r->outs);
+        buf_free(&r->topic);
+        buf_free(&r->value);
+        buf_free(&r->scratch);
+        free(r);
+}
+
+/* A row that never reached the producer. */
+static void row_fail(struct row_state *st, int permanent, const char *code, const char *msg) {
+        st->done = 1;
+        st->ok = 0;
+        st->permanent = permanent;
+        st->code = code;
+        snprintf(st->message, sizeof st->message, "%.159s", msg);
+}
+
+/* Encodes and produces row i; records an immediate failure in its state. */
+static void produce_row(struct relay *r, size_t i) {
+        const struct config *cfg = r->cfg;
+        const struct outbox_event *ev = &r->batch.events[i];
+        struct row_state *st = &r->rows[i];
+        char err[160];
+
+        if (encode_topic(cfg->topic_template, ev, &r->topic) != 0) {
+                row_fail(st, 1, "ENCODE_FAILED", "topic could not be formed");
+                return;
+        }
+        st->topic = strdup(r->topic.data);
+        if (!st->topic) {
+                row_fail(st, 0, "ENCODE_FAILED", "out of memory");
+                return;
+        }
+        int n = encode_headers(ev, cfg->producer_name, "application/json", NULL, r->hdrs,
+                               &r->scratch, err, sizeof err);
+        if (n < 0) {
+                row_fail(st, 1, "INVALID_HEADERS", err);
+                return;
+        }
+        const void *value = NULL;
+        size_t value_len = 0;
+        if (ev->payload && cfg->value_format == VALUE_PAYLOAD) {
+                value = ev->payload;
+                value_len = ev->payload_len;
+        } else if (ev->payload) {
+                if (encode_envelope_json(ev, &r->value) != 0) {
+                        row_fail(st, 0, "ENCODE_FAILED", "out of memory encoding the envelope");
+                        return;
+                }
+                value = r->value.data;
+                value_len = r->value.len;
+        }
+        const char *key = ev->partition_key ? ev->partition_key : ev->aggregate_id;
+        st->size = value_len;
+        struct kafka_result res;
+        if (kafka_produce(r->kafka, st->topic, key, strlen(key), value, value_len, r->hdrs, n, st,
+                          &res) != 0)
+                row_fail(st, res.permanent, res.code, res.message);
+        else
+                metrics_observe(M_EVENT_SIZE, (double)value_len);
+}
+
+/* Waits for every delivery report of the batch (bounded by the delivery
+ * timeout), then handles a fatal producer error: acknowledged rows stay
+ * acknowledged, the rest fail and the producer is rebuilt. */
+static int await_reports(struct relay *r) {
+        char err[512];
+        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + 5000);
+        for (size_t i = 0; i < r->batch.count; i++)
+                if (!r->rows[i].done)
+                        row_fail(&r->rows[i], 0, "_TIMED_OUT", "no delivery report in time");
+        if (!kafka_fatal(r->kafka, err, sizeof err))
+                return 0;
+        log_error("kafka", "fatal producer error, rebuilding the producer", "reason=%s",
+                  log_quote(err));
+        for (size_t i = 0; i < r->batch.count; i++)
+                if (!r->rows[i].ok)
+                        row_fail(&r->rows[i], 0, "_FATAL", err);
+        kafka_destroy(r->kafka);
+        r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
+        if (!r->kafka) {
+                log_error("kafka", "cannot rebuild the producer", "reason=%s", log_quote(err));
+                return -1;
+        }
+        return 0;
+}
+
+/* Turns row states into outcomes and counts them in the metrics. */
+static size_t build_outcomes(struct relay *r, double acked_at) {
+        const struct config *cfg = r->cfg;
+        size_t n = r->batch.count, failed = 0, dead = 0;
+        const char *first_code = NULL;
+        for (size_t i = 0; i < n; i++) {
+                const struct outbox_event *ev = &r->batch.events[i];
+                struct row_state *st = &r->rows[i];
+                struct db_outcome *o = &r->outs[i];
+                o->outbox_id = ev->outbox_id;
+                o->code = st->code;
+                o->message = st->message;
+                o->delay_ms = 0;
+                if (st->ok) {
+                        o->status = DB_PUBLISHED;
+                        o->code = o->message = NULL;
+                        metrics_add(M_EVENTS_PUBLISHED, st->topic, 1);
+                        metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
+                        continue;
+                }
+                if (st->permanent || ev->attempt_count >= cfg->max_attempts) {
+                        o->status = DB_DEAD;
+                        if (!st->permanent) {
+                                char why[sizeof st->message];
+                                snprintf(why, sizeof why, "%.100s (attempt %d of %d)",
+                                         st->message, ev->attempt_count, cfg->max_attempts);
+                                memcpy(st->message, why, sizeof why);
+                        }
+                        metrics_add(M_EVENTS_DEAD, st->code, 1);
+                        log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s",
+                                 ev->outbox_id, st->topic ? st->topic : "-", st->code,
+                                 log_quote(st->message));
+                        dead++;
+                } else {
+                        o->status = DB_FAILED;
+                        o->delay_ms = relay_backoff_ms(ev->attempt_count, cfg->backoff_initial_ms,
+                                                       cfg->backoff_max_ms, &r->seed);
+                        metrics_add(M_EVENTS_FAILED, st->code, 1);
+                        failed++;
+                }
+                if (!first_code)
+                        first_code = st->code;
+        }
+        if (failed)
+                log_warn("relay", "events failed, will retry", "failed=%zu dead=%zu batch=%zu err=%s",
+                         failed, dead, n, first_code);
+        return n;
+}
+
+/* Reconnects with capped exponential backoff; 0 once connected. */
+static int ensure_db(struct relay *r, volatile sig_atomic_t *stop) {
+        char err[512];
+        if (db_connected(r->db))
+                return 0;
+        if (db_connect(r->db, err, sizeof err) == 0) {
+                log_info("db", "connected", "table=%s", r->cfg->table);
+                r->reconnect_ms = RECONNECT_MIN_MS;
+                return 0;
+        }
+        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", r->reconnect_ms,
+                 log_quote(err));
+        if (r->http)
+                http_set_ready(r->http, 0);
+        nap(r->reconnect_ms, stop);
+        r->reconnect_ms = r->reconnect_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
+                                                                 : r->reconnect_ms * 2;
+        return -1;
+}
+
+/* Marks the batch, retrying through database outages: rows must not stay
+ * PUBLISHING. After a stop request it gives up after STOP_MARK_GRACE_S (the
+ * sweeper returns what is left). */
+static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
+        char err[512];
+        double stop_deadline = 0;
+        for (;;) {
+                size_t lost = 0;
+                if (ensure_db(r, stop) == 0 &&
+                    db_mark(r->db, r->outs, n, &lost, err, sizeof err) == 0) {
+                        if (lost) {
+                                metrics_add(M_LOCK_LOST, NULL, (double)lost);
+                                log_warn("relay", "locks lost before marking", "rows=%zu", lost);
+                        }
+                        return 0;
+                }
+                if (db_connected(r->db))
+                        log_warn("db", "mark failed, retrying", "err=%s", log_quote(err));
+                if (*stop) {
+                        if (stop_deadline == 0)
+                                stop_deadline = mono_s() + STOP_MARK_GRACE_S;
+                        else if (mono_s() > stop_deadline) {
+                                log_error("relay", "cannot mark the batch before stopping",
+                                          "rows=%zu", n);
+                                return -1;
+                        }
+                        struct timespec ts = {0, 200000000L};
+                        nanosleep(&ts, NULL);
+                }
+        }
+}
+
+static void sample_table(struct relay *r) {
+        double counts[DB_STATUS_COUNT], age;
+        char err[512];
+        double t = mono_s();
+        if (t - r->last_sample < SAMPLE_INTERVAL_S)
+                return;
+        r->last_sample = t;
+        if (db_sample(r->db, counts, &age, err, sizeof err) != 0) {
+                log_warn("db", "sampling the table failed", "err=%s", log_quote(err));
+                return;
+        }
+        for (int i = 0; i < DB_STATUS_COUNT; i++)
+                metrics_set(M_EVENTS, db_status_names[i], counts[i]);
+        metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
+}
+
+/* One batch: lock, produce, wait, mark. Returns rows locked, or -1. */
+static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
+        char err[512];
+        double started = mono_s();
+        if (db_lock_batch(r->db, r->cfg->batch_size, r->cfg->ordering == ORDERING_AGGREGATE,
+                          &r->batch, err, sizeof err) != 0) {
+                log_warn("db", "lock batch failed", "err=%s", log_quote(err));
+                return -1;
+        }
+        size_t n = r->batch.count;
+        if (n == 0)
+                return 0;
+        for (size_t i = 0; i < n; i++) {
+                free(r->rows[i].topic);
+                memset(&r->rows[i], 0, sizeof r->rows[i]);
+        }
+        for (size_t i = 0; i < n; i++)
+                produce_row(r, i);
+        int rc = await_reports(r);
+        build_outcomes(r, wall_s());
+        if (mark_batch(r, n, stop) != 0)
+                rc = -1;
+        db_batch_clear(&r->batch);
+        metrics_add(M_BATCHES, NULL, 1);
+        metrics_observe(M_BATCH_DURATION, mono_s() - started);
+        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, mono_s() - started);
+        return rc == 0 ? (long)n : -1;
+}
+
+int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
+        log_info("relay", "started", "relay_id=%s table=%s batch_size=%d ordering=%s",
+                 r->cfg->relay_id, r->cfg->table, r->cfg->batch_size,
+                 r->cfg->ordering == ORDERING_AGGREGATE ? "aggregate" : "none");
+        while (!*stop) {
+                if (r->http)
+                        http_heartbeat(r->http);
+                metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, wall_s());
+                if (ensure_db(r, stop) != 0)
+                        continue;
+                if (r->http)
+                        http_set_ready(r->http, kafka_broker_up(r->kafka));
+                sample_table(r);
+                long n = run_batch(r, stop);
+                if (n < 0 && !r->kafka)
+                        return 1; /* the producer could not be rebuilt */
+                if (n > 0)
+                        continue; /* more may be due at once (next versions, backlog) */
+                if (n == 0 && db_wait(r->db, r->cfg->poll_interval_ms) < 0)
+                        log_warn("db", "connection lost while idle", NULL);
+                kafka_poll(r->kafka, 0);
+        }
+        log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
+        return 0;
+}

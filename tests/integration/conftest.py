@@ -1,0 +1,42 @@
+"""Shared fixtures for integration tests: one PostgreSQL server (tests/run's,
+or a private one) and one local Kafka-protocol broker per module; a private
+schema and topic prefix per test."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+from harness import MockBroker, Postgres, TestSchema  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg():
+    p = Postgres()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
+        yield b
+
+
+@pytest.fixture
+def db(pg, request):
+    with TestSchema(pg, request.node.name[:20]) as s:
+        yield s
+
+
+def relay_env(db, kafka, **extra):
+    """Environment for a relay on the test's table with its own topic prefix."""
+    env = {**db.env(),
+           "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap,
+           "OUTBOX_HTTP_ADDR": "off",
+           "OUTBOX_LOG_FORMAT": "text",
+           "OUTBOX_POLL_INTERVAL_MS": "100",
+           "OUTBOX_TOPIC_TEMPLATE": "%s.{aggregate_type}" % db.schema}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env

@@ -1,0 +1,235 @@
+"""Integration tests of outbox-relay against a real PostgreSQL server and the
+local Kafka-protocol broker; every check reads the topic back."""
+import json
+import signal
+
+from conftest import relay_env
+from harness import Relay, check_order, count_duplicates, header, make_events, read_topics, \
+    wait_until
+
+FIXED_HEADERS = ["event-id", "event-type", "event-version", "tenant-id", "aggregate-type",
+                 "aggregate-id", "aggregate-version", "occurred-at", "producer", "content-type"]
+ENVELOPE_KEYS = {"event_id", "event_type", "event_version", "tenant_id", "aggregate_type",
+                 "aggregate_id", "aggregate_version", "occurred_at", "correlation_id",
+                 "causation_id", "trace_id", "payload"}
+
+
+def published(db, n):
+    return lambda: db.status_counts()["PUBLISHED"] == n
+
+
+def test_end_to_end_headers_envelope_order(db, kafka, tmp_path):
+    rows = make_events(aggregates=20, versions=5, aggregate_type="Order")
+    for r in rows[:10]:
+        r.update(correlation_id="corr-%s" % r["aggregate_id"], causation_id="cause",
+                 trace_id="trace", event_key="key-%s-%d" % (r["aggregate_id"],
+                                                            r["aggregate_version"]))
+    ids = db.insert_events(rows)
+    with Relay("outbox-relay", env=relay_env(db, kafka, OUTBOX_PRODUCER_NAME="svc-a"),
+               log_dir=tmp_path) as relay:
+        wait_until(published(db, len(rows)), 60, what="all rows PUBLISHED")
+        assert relay.stop() == 0
+
+    table = db.rows()
+    assert all(r["status"] == "PUBLISHED" and r["attempt_count"] == 1 for r in table)
+    assert all(r["locked_by"] is None and r["published_at"] for r in table)
+
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    assert len(msgs) == len(rows)
+    assert count_duplicates(msgs) == 0
+    assert sorted(header(m, "event-id") for m in msgs) == sorted(ids)
+    ok, details = check_order(msgs)
+    assert ok, details
+
+    by_id = {r["outbox_id"]: r for r in table}
+    for m in msgs:
+        names = [h[0] for h in m["headers"]]
+        for h in FIXED_HEADERS:
+            assert h in names, (h, names)
+        row = by_id[header(m, "event-id")]
+        assert m["key"] == row["aggregate_id"]
+        assert header(m, "producer") == "svc-a"
+        assert header(m, "content-type") == "application/json"
+        assert header(m, "aggregate-version") == str(row["aggregate_version"])
+        assert header(m, "event-version") == "1"
+        assert header(m, "tenant-id") == "default"
+        assert header(m, "occurred-at").endswith("Z") and "T" in header(m, "occurred-at")
+        env = json.loads(m["value"])
+        assert set(env) == ENVELOPE_KEYS
+        assert env["event_id"] == row["outbox_id"]
+        assert env["aggregate_version"] == row["aggregate_version"]
+        assert env["payload"] == row["payload_json"]
+        assert env["occurred_at"] == header(m, "occurred-at")
+        for col, hname in (("correlation_id", "correlation-id"), ("causation_id", "causation-id"),
+                           ("trace_id", "trace-id"), ("event_key", "event-key")):
+            assert header(m, hname) == row[col]
+            if col != "event_key":
+                assert env[col] == row[col]
+        # A partition's messages of one aggregate come in version order.
+    per_agg = {}
+    for m in sorted(msgs, key=lambda m: (m["partition"], m["offset"])):
+        per_agg.setdefault(m["key"], []).append(int(header(m, "aggregate-version")))
+    assert all(v == sorted(v) == list(range(1, 6)) for v in per_agg.values()), per_agg
+
+
+def test_topic_routing_partition_key_headers_json_tombstone(db, kafka, tmp_path):
+    rows = [
+        {"aggregate_type": "Order", "aggregate_id": "o1", "aggregate_version": 1,
+         "event_type": "OrderCreated", "payload_json": {"n": 1}},
+        {"aggregate_type": "Invoice", "aggregate_id": "i1", "aggregate_version": 1,
+         "event_type": "InvoiceSent", "payload_json": {"n": 2}, "partition_key": "pk-1",
+         "tenant_id": "acme"},
+        {"aggregate_type": "Order", "aggregate_id": "o2", "aggregate_version": 1,
+         "event_type": "OrderDeleted", "payload_json": None,
+         "topic_name": "%s.explicit" % db.schema},
+        {"aggregate_type": "Order", "aggregate_id": "o3", "aggregate_version": 1,
+         "event_type": "OrderTagged", "payload_json": {"n": 3},
+         "headers_json": {"x-str": "plain", "x-num": 42, "x-obj": {"a": [1, 2]},
+                          "event-id": "forged", "producer": "forged"}},
+    ]
+    ids = db.insert_events(rows)
+    env = relay_env(db, kafka,
+                    OUTBOX_TOPIC_TEMPLATE="%s.{tenant_id}.{aggregate_type}.{event_type}" % db.schema)
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(published(db, len(rows)), 60, what="all rows PUBLISHED")
+        assert relay.stop() == 0
+
+    msgs = read_topics(kafka.bootstrap, pattern="^%s\\." % db.schema)
+    by_id = {header(m, "event-id"): m for m in msgs}
+    assert len(msgs) == 4 and set(by_id) == set(ids)
+    s = db.schema
+    assert by_id[ids[0]]["topic"] == "%s.default.Order.OrderCreated" % s
+    assert by_id[ids[1]]["topic"] == "%s.acme.Invoice.InvoiceSent" % s
+    assert by_id[ids[1]]["key"] == "pk-1"
+    assert header(by_id[ids[1]], "tenant-id") == "acme"
+    tomb = by_id[ids[2]]
+    assert tomb["topic"] == "%s.explicit" % s
+    assert tomb["value"] is None and "value_b64" not in tomb
+    assert header(tomb, "event-type") == "OrderDeleted"
+    m = by_id[ids[3]]
+    assert header(m, "x-str") == "plain"
+    assert header(m, "x-num") == "42"
+    assert json.loads(header(m, "x-obj")) == {"a": [1, 2]}
+    assert [h[1] for h in m["headers"] if h[0] == "event-id"] == [ids[3]]
+    assert [h[1] for h in m["headers"] if h[0] == "producer"] == ["outbox-relay"]
+
+
+def test_value_format_payload(db, kafka, tmp_path):
+    ids = db.insert_events([{"aggregate_type": "Order", "aggregate_id": "o1",
+                             "aggregate_version": 1, "event_type": "E",
+                             "payload_json": {"hello": "world"}}])
+    with Relay("outbox-relay", env=relay_env(db, kafka, OUTBOX_VALUE_FORMAT="payload"),
+               log_dir=tmp_path) as relay:
+        wait_until(published(db, 1), 30, what="row PUBLISHED")
+        assert relay.stop() == 0
+    (m,) = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    assert json.loads(m["value"]) == {"hello": "world"}
+    assert header(m, "event-id") == ids[0]
+
+
+def test_too_large_goes_dead_and_blocks_only_its_aggregate(db, kafka, tmp_path):
+    big = "x" * 1_100_000  # over librdkafka's default message.max.bytes (1000000)
+    rows = [{"aggregate_type": "Order", "aggregate_id": "poison", "aggregate_version": 1,
+             "event_type": "E", "payload_json": {"pad": big}}]
+    rows += [{"aggregate_type": "Order", "aggregate_id": "poison", "aggregate_version": v,
+              "event_type": "E", "payload_json": {"v": v}} for v in (2, 3)]
+    rows += make_events(aggregates=5, versions=3, id_prefix="ok")
+    db.insert_events(rows)
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(published(db, 15), 60, what="the healthy aggregates PUBLISHED")
+        wait_until(lambda: db.status_counts()["DEAD"] == 1, 30, what="poison row DEAD")
+        # the guard keeps the poison aggregate's later versions back: they stay PENDING
+        # through several more polls
+        relay.wait_log(r"event dead", 10)
+        assert relay.stop() == 0
+        log = relay.log_text()
+    dead = db.rows(where="status = 'DEAD'")
+    assert len(dead) == 1 and dead[0]["aggregate_version"] == 1
+    assert dead[0]["last_error_code"] == "MSG_SIZE_TOO_LARGE"
+    assert dead[0]["last_error_message"]
+    later = db.rows(where="aggregate_id = 'poison' AND aggregate_version > 1")
+    assert [r["status"] for r in later] == ["PENDING", "PENDING"]
+    assert all(r["attempt_count"] == 0 for r in later)
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    assert len(msgs) == 15
+    assert not any(m["key"] == "poison" for m in msgs)
+    assert big[:100] not in log  # no payloads in logs
+
+
+def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):
+    db.insert_events([
+        {"aggregate_type": "Order", "aggregate_id": "h1", "aggregate_version": 1,
+         "event_type": "E", "payload_json": {}, "headers_json": "[1, 2]"},
+        {"aggregate_type": "Order", "aggregate_id": "h2", "aggregate_version": 1,
+         "event_type": "E", "payload_json": {}}])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(lambda: db.status_counts()["DEAD"] == 1 and db.status_counts()["PUBLISHED"] == 1,
+                   30, what="h1 DEAD, h2 PUBLISHED")
+        assert relay.stop() == 0
+    (dead,) = db.rows(where="status = 'DEAD'")
+    assert dead["aggregate_id"] == "h1" and dead["last_error_code"] == "INVALID_HEADERS"
+
+
+def test_notify_wakes_idle_relay(db, kafka, tmp_path):
+    # A poll interval far longer than the test: only NOTIFY can wake the relay.
+    with Relay("outbox-relay", env=relay_env(db, kafka, OUTBOX_POLL_INTERVAL_MS=600000),
+               log_dir=tmp_path) as relay:
+        relay.wait_log(r"connected", 20)
+        db.insert_events(make_events(aggregates=3, versions=1))
+        wait_until(published(db, 3), 10, what="rows published after NOTIFY")
+        assert relay.stop() == 0
+
+
+def test_sigterm_leaves_no_publishing_rows_and_password_is_not_logged(db, kafka, tmp_path):
+    db.insert_events(make_events(aggregates=200, versions=10, payload_size=200))
+    env = relay_env(db, kafka, OUTBOX_RELAY_ID="relay-term", OUTBOX_BATCH_SIZE=100,
+                    OUTBOX_LOG_LEVEL="debug")
+    relay = Relay("outbox-relay", env=env, log_dir=tmp_path)
+    wait_until(lambda: db.status_counts()["PUBLISHED"] > 0, 30, what="publishing started")
+    assert relay.stop(signal.SIGTERM, timeout=60) == 0
+    assert db.count("status = 'PUBLISHING' AND locked_by = 'relay-term'") == 0
+    assert db.count("status = 'PUBLISHING'") == 0
+    log = relay.log_text()
+    assert "outbox-secret" not in log and "****" in log
+    # what was marked PUBLISHED is on Kafka
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    got = {header(m, "event-id") for m in msgs}
+    pub = {r["outbox_id"] for r in db.rows(where="status = 'PUBLISHED'")}
+    assert pub <= got
+
+
+def run_bad(env, tmp_path, args=()):
+    r = Relay("outbox-relay", env=env, args=args, log_dir=tmp_path, name="bad")
+    code = r.wait(20)
+    return code, r.log_text()
+
+
+def test_bad_configuration_exits_2_naming_the_variable(db, kafka, tmp_path):
+    base = relay_env(db, kafka)
+    cases = [
+        ({"OUTBOX_BATCH_SIZE": "lots"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_ORDERING": "chaos"}, "OUTBOX_ORDERING"),
+        ({"OUTBOX_TABLE": "x;drop"}, "OUTBOX_TABLE"),
+        ({"OUTBOX_KAFKA_NO_SUCH_PROPERTY": "1"}, "OUTBOX_KAFKA_NO_SUCH_PROPERTY"),
+        ({"OUTBOX_KAFKA_ENABLE_IDEMPOTENCE": "false"}, "OUTBOX_KAFKA_ENABLE_IDEMPOTENCE"),
+        ({"OUTBOX_KAFKA_BOOTSTRAP_SERVERS": ""}, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS"),
+        ({"OUTBOX_DATABASE_URL": ""}, "OUTBOX_DATABASE_URL"),
+    ]
+    for extra, var in cases:
+        code, log = run_bad({**base, **extra}, tmp_path)
+        assert code == 2, (extra, code, log)
+        assert var in log, (extra, log)
+        assert "outbox-secret" not in log
+    code, log = run_bad(base, tmp_path, args=["--no-such-flag", "1"])
+    assert code == 2 and "--no-such-flag" in log
+    # nothing was touched
+    assert db.status_counts() == {s: 0 for s in db.status_counts()}
+
+
+def test_help_and_version(tmp_path):
+    r = Relay("outbox-relay", args=["--help"], log_dir=tmp_path, name="help")
+    assert r.wait(10) == 0
+    assert "OUTBOX_DATABASE_URL" in r.log_text()
+    r = Relay("outbox-relay", args=["--version"], log_dir=tmp_path, name="version")
+    assert r.wait(10) == 0
+    assert "outbox-relay" in r.log_text()

@@ -1,0 +1,144 @@
+/* Unit tests of config: precedence, validation messages, Kafka mapping. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+
+static struct config cfg;
+static char err[512];
+
+static void init(void) {
+        /* criterion runs each test in its own process: the environment is ours */
+        clearenv();
+        setenv("OUTBOX_DATABASE_URL", "postgresql://u:secret@h/db", 1);
+        setenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092", 1);
+}
+static void fini(void) { config_destroy(&cfg); }
+TestSuite(config, .init = init, .fini = fini);
+
+static int load(int argc, char **argv) {
+        return config_load(&cfg, CONFIG_RELAY, argc, argv, stdout, err, sizeof err);
+}
+
+Test(config, defaults) {
+        char *argv[] = {"outbox-relay"};
+        cr_assert_eq(load(1, argv), 0, "%s", err);
+        cr_assert_str_eq(cfg.table, "outbox_event");
+        cr_assert_eq(cfg.batch_size, 500);
+        cr_assert_eq(cfg.poll_interval_ms, 200);
+        cr_assert_eq(cfg.ordering, ORDERING_AGGREGATE);
+        cr_assert_eq(cfg.max_attempts, 10);
+        cr_assert_eq(cfg.backoff_initial_ms, 1000);
+        cr_assert_eq(cfg.backoff_max_ms, 300000);
+        cr_assert_str_eq(cfg.topic_template, "outbox.event.{aggregate_type}");
+        cr_assert_str_eq(cfg.http_addr, "0.0.0.0:9464");
+        cr_assert_eq(cfg.log_format_json, 1);
+        cr_assert(strchr(cfg.relay_id, '-'), "relay id is hostname-pid: %s", cfg.relay_id);
+        cr_assert_eq(cfg.kafka_cnt, 1);
+        cr_assert_str_eq(cfg.kafka[0].name, "bootstrap.servers");
+}
+
+Test(config, precedence_flag_env_file_default) {
+        char path[] = "/tmp/outbox-config-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        fprintf(f, "# comment\nbatch_size = 7\npoll_interval_ms = \"9\"\nmax_attempts=3\n"
+                   "kafka_linger_ms = 1\n");
+        fclose(f);
+        setenv("OUTBOX_POLL_INTERVAL_MS", "11", 1);
+        setenv("OUTBOX_MAX_ATTEMPTS", "12", 1);
+        char *argv[] = {"outbox-relay", "--config", path, "--max-attempts", "13",
+                        "-X", "acks=1"};
+        cr_assert_eq(load(7, argv), 0, "%s", err);
+        unlink(path);
+        cr_assert_eq(cfg.batch_size, 7);          /* file */
+        cr_assert_eq(cfg.poll_interval_ms, 11);   /* env beats file */
+        cr_assert_eq(cfg.max_attempts, 13);       /* flag beats env */
+        int seen = 0;
+        for (size_t i = 0; i < cfg.kafka_cnt; i++) {
+                if (!strcmp(cfg.kafka[i].name, "linger.ms"))
+                        seen += !strcmp(cfg.kafka[i].value, "1");
+                if (!strcmp(cfg.kafka[i].name, "acks"))
+                        seen += !strcmp(cfg.kafka[i].value, "1");
+        }
+        cr_assert_eq(seen, 2);
+}
+
+Test(config, errors_name_the_variable) {
+        struct { const char *var, *val, *want; } cases[] = {
+                {"OUTBOX_BATCH_SIZE", "abc", "OUTBOX_BATCH_SIZE: not an integer"},
+                {"OUTBOX_BATCH_SIZE", "0", "OUTBOX_BATCH_SIZE: 0 is out of range"},
+                {"OUTBOX_ORDERING", "random", "OUTBOX_ORDERING: unknown value 'random'"},
+                {"OUTBOX_TABLE", "x; drop table y", "OUTBOX_TABLE:"},
+                {"OUTBOX_TABLE", "a.b.c", "OUTBOX_TABLE:"},
+                {"OUTBOX_TOPIC_TEMPLATE", "t.{nope}", "OUTBOX_TOPIC_TEMPLATE: unknown placeholder"},
+                {"OUTBOX_HTTP_ADDR", "nowhere", "OUTBOX_HTTP_ADDR:"},
+                {"OUTBOX_VALUE_FORMAT", "xml", "OUTBOX_VALUE_FORMAT:"},
+                {"OUTBOX_DATABASE_URL", "", "OUTBOX_DATABASE_URL: required"},
+                {"OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "", "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: required"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                init();
+                setenv(cases[i].var, cases[i].val, 1);
+                char *argv[] = {"outbox-relay"};
+                cr_assert_eq(load(1, argv), -1, "%s=%s accepted", cases[i].var, cases[i].val);
+                cr_assert(strstr(err, cases[i].want), "got '%s', want '%s'", err, cases[i].want);
+                config_destroy(&cfg);
+        }
+}
+
+Test(config, unknown_flag_and_file_key) {
+        char *argv[] = {"outbox-relay", "--batchsize", "3"};
+        cr_assert_eq(load(3, argv), -1);
+        cr_assert(strstr(err, "--batchsize: unknown option"), "%s", err);
+}
+
+Test(config, help_and_version) {
+        char *a1[] = {"outbox-relay", "--help"};
+        cr_assert_eq(load(2, a1), CONFIG_EXIT_HELP);
+        config_destroy(&cfg);
+        char *a2[] = {"outbox-relay", "--version"};
+        cr_assert_eq(load(2, a2), CONFIG_EXIT_VERSION);
+}
+
+Test(config, kafka_property_mapping) {
+        struct { const char *in, *out; } m[] = {
+                {"BOOTSTRAP_SERVERS", "bootstrap.servers"},
+                {"SASL_MECHANISM", "sasl.mechanism"},
+                {"SSL_CA_LOCATION", "ssl.ca.location"},
+                {"MAX_IN_FLIGHT_REQUESTS_PER_CONNECTION", "max.in.flight.requests.per.connection"},
+                {"SOME__UNDER", "some_under"},
+                {"A___B", "a-b"},
+        };
+        for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+                char *p = config_kafka_property(m[i].in);
+                cr_assert_str_eq(p, m[i].out);
+                free(p);
+        }
+}
+
+Test(config, identifiers) {
+        cr_assert_eq(config_check_identifier("outbox_event"), 0);
+        cr_assert_eq(config_check_identifier("svc.outbox_event"), 0);
+        cr_assert_neq(config_check_identifier("1abc"), 0);
+        cr_assert_neq(config_check_identifier("a."), 0);
+        cr_assert_neq(config_check_identifier(".a"), 0);
+        cr_assert_neq(config_check_identifier("a-b"), 0);
+        cr_assert_neq(config_check_identifier(""), 0);
+}
+
+Test(config, redacts_passwords) {
+        char out[256];
+        config_redact_url("postgresql://outbox:s3cret@db:5432/app?sslmode=require", out, sizeof out);
+        cr_assert_str_eq(out, "postgresql://outbox:****@db:5432/app?sslmode=require");
+        config_redact_url("host=db user=u password=s3cret dbname=app", out, sizeof out);
+        cr_assert_str_eq(out, "host=db user=u password=**** dbname=app");
+        config_redact_url("postgresql://db/app?user=u&password=s3cret", out, sizeof out);
+        cr_assert_str_eq(out, "postgresql://db/app?user=u&password=****");
+        config_redact_url("postgresql://u@db/app", out, sizeof out);
+        cr_assert_str_eq(out, "postgresql://u@db/app");
+}

@@ -1,0 +1,120 @@
+/* Unit tests of encode: topic template, JSON envelope, headers. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "encode.h"
+
+static struct outbox_event sample(void) {
+        struct outbox_event ev = {
+                .outbox_id = "0b8f3f2e-8a57-4c39-9a0e-3c1d2a0f6b11",
+                .tenant_id = "acme",
+                .aggregate_type = "Order",
+                .aggregate_id = "o-1",
+                .aggregate_version = 7,
+                .event_type = "OrderCreated",
+                .event_version = 2,
+                .payload = "{\"total\": 12.5}",
+                .payload_len = 15,
+                .headers = "",
+                .occurred_at = "2026-11-23T00:00:00.000001Z",
+                .attempt_count = 1,
+        };
+        return ev;
+}
+
+static struct buf b;
+static void fini(void) { buf_free(&b); }
+TestSuite(encode, .fini = fini);
+
+Test(encode, topic_template_placeholders) {
+        struct outbox_event ev = sample();
+        cr_assert_eq(encode_topic("outbox.event.{aggregate_type}", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "outbox.event.Order");
+        cr_assert_eq(encode_topic("{tenant_id}.{aggregate_type}.{event_type}.{x}", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "acme.Order.OrderCreated.{x}");
+        ev.topic_name = "explicit";
+        cr_assert_eq(encode_topic("outbox.event.{aggregate_type}", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "explicit");
+}
+
+Test(encode, envelope_has_every_key_and_nulls) {
+        struct outbox_event ev = sample();
+        cr_assert_eq(encode_envelope_json(&ev, &b), 0);
+        cr_assert_str_eq(b.data,
+                "{\"event_id\":\"0b8f3f2e-8a57-4c39-9a0e-3c1d2a0f6b11\",\"event_type\":\"OrderCreated\","
+                "\"event_version\":2,\"tenant_id\":\"acme\",\"aggregate_type\":\"Order\","
+                "\"aggregate_id\":\"o-1\",\"aggregate_version\":7,"
+                "\"occurred_at\":\"2026-11-23T00:00:00.000001Z\",\"correlation_id\":null,"
+                "\"causation_id\":null,\"trace_id\":null,\"payload\":{\"total\": 12.5}}");
+}
+
+Test(encode, envelope_escapes_strings_and_null_payload) {
+        struct outbox_event ev = sample();
+        ev.aggregate_id = "a\"b\\c\n\x01";
+        ev.payload = NULL;
+        ev.trace_id = "t";
+        cr_assert_eq(encode_envelope_json(&ev, &b), 0);
+        cr_assert(strstr(b.data, "\"aggregate_id\":\"a\\\"b\\\\c\\n\\u0001\""), "%s", b.data);
+        cr_assert(strstr(b.data, "\"trace_id\":\"t\""));
+        cr_assert(strstr(b.data, "\"payload\":null}"));
+}
+
+static const char *find(const struct encode_header *h, int n, const char *name, size_t *len) {
+        for (int i = 0; i < n; i++)
+                if (!strcmp(h[i].name, name)) {
+                        *len = h[i].value_len;
+                        return h[i].value;
+                }
+        return NULL;
+}
+
+Test(encode, fixed_headers_then_members_that_do_not_clash) {
+        struct outbox_event ev = sample();
+        struct encode_header h[ENCODE_MAX_HEADERS];
+        char err[128];
+        size_t len = 0;
+        ev.correlation_id = "c-1";
+        /* members: event-id (must not replace), x-a = "1", x-json = {"k":1} */
+        ev.headers = "8:event-id4:evil3:x-a1:16:x-json7:{\"k\":1}";
+        int n = encode_headers(&ev, "outbox-relay", "application/json", NULL, h, &b, err,
+                               sizeof err);
+        cr_assert_eq(n, 13, "n=%d err=%s", n, err);
+        const char *names[] = {"event-id", "event-type", "event-version", "tenant-id",
+                               "aggregate-type", "aggregate-id", "aggregate-version",
+                               "occurred-at", "producer", "content-type", "correlation-id"};
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+                cr_assert_str_eq(h[i].name, names[i]);
+        cr_assert_eq(strncmp(find(h, n, "event-id", &len), ev.outbox_id, len), 0);
+        cr_assert_eq(strncmp(find(h, n, "aggregate-version", &len), "7", len), 0);
+        cr_assert_eq(strncmp(find(h, n, "event-version", &len), "2", len), 0);
+        cr_assert_null(find(h, n, "trace-id", &len));
+        cr_assert_null(find(h, n, "event-key", &len));
+        const char *v = find(h, n, "x-json", &len);
+        cr_assert_eq(len, 7);
+        cr_assert_eq(strncmp(v, "{\"k\":1}", 7), 0);
+        v = find(h, n, "x-a", &len);
+        cr_assert_eq(len, 1);
+        cr_assert_eq(*v, '1');
+}
+
+Test(encode, headers_not_an_object_or_malformed) {
+        struct outbox_event ev = sample();
+        struct encode_header h[ENCODE_MAX_HEADERS];
+        char err[128];
+        ev.headers = NULL;
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+        cr_assert(strstr(err, "not a JSON object"));
+        ev.headers = "5:ab";
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+        ev.headers = "99999999999999999999:x";
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+}
+
+Test(encode, buf_grows) {
+        for (int i = 0; i < 10000; i++)
+                cr_assert_eq(buf_appendf(&b, "%d,", i % 10), 0);
+        cr_assert_eq(b.len, 20000);
+        buf_reset(&b);
+        cr_assert_eq(b.len, 0);
+        cr_assert_str_eq(b.data, "");
+}
