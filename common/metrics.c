@@ -1,0 +1,354 @@
+/* metrics.c - the process's Prometheus metrics: one static table (as HAProxy's
+ * promex) with DESIGN.md's names, fixed-size storage, one mutex. */
+#include "metrics.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef OUTBOX_VERSION
+#define OUTBOX_VERSION "unknown"
+#endif
+
+/* Distinct label values kept per labelled metric, "other" included: the first
+ * METRICS_MAX_SERIES - 1 values get their own series, later ones go to "other". */
+#define METRICS_MAX_SERIES 64
+/* Longer label values are cut (at a UTF-8 character boundary). */
+#define METRICS_LABEL_MAX 256
+#define METRICS_OTHER "other"
+
+enum metric_type { MT_COUNTER, MT_GAUGE, MT_HISTOGRAM, MT_INFO };
+
+static const double latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025,
+                                         0.05,  0.1,    0.25,  0.5,  1,
+                                         2.5,   5,      10,    30,   60};
+static const double batch_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                       0.1,   0.25,   0.5,   1,    2.5,   5,
+                                       10,    30,     60,    120};
+/* 64 B .. 4 MiB, powers of 4. */
+static const double size_buckets[] = {64,    256,    1024,    4096,   16384,
+                                      65536, 262144, 1048576, 4194304};
+
+#define NBUCKETS(a) (sizeof(a) / sizeof((a)[0]))
+#define METRICS_MAX_BUCKETS 16
+
+struct metric_def {
+        const char *name;
+        enum metric_type type;
+        const char *help;
+        const char *label; /* NULL: unlabelled */
+        const double *buckets;
+        size_t nbuckets;
+};
+
+#define COUNTER(id, n, l, h) [id] = {n, MT_COUNTER, h, l, NULL, 0}
+#define GAUGE(id, n, l, h) [id] = {n, MT_GAUGE, h, l, NULL, 0}
+#define HISTOGRAM(id, n, b, h) [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b)}
+
+static const struct metric_def metric_defs[M_COUNT] = {
+        COUNTER(M_EVENTS_PUBLISHED, "outbox_events_published_total", "topic",
+                "Outbox events acknowledged by the broker and marked published."),
+        COUNTER(M_EVENTS_FAILED, "outbox_events_failed_total", "error_code",
+                "Outbox event delivery attempts that failed (will be retried)."),
+        COUNTER(M_EVENTS_DEAD, "outbox_events_dead_total", "error_code",
+                "Outbox events moved to DEAD after exhausting their attempts."),
+        COUNTER(M_LOCK_LOST, "outbox_lock_lost_total", NULL,
+                "Batches whose row locks were lost before they could be marked."),
+        COUNTER(M_BATCHES, "outbox_batches_total", NULL,
+                "Batches of outbox rows locked and processed."),
+        HISTOGRAM(M_PUBLISH_LATENCY, "outbox_publish_latency_seconds", latency_buckets,
+                  "Time from an event's occurred_at to its broker acknowledgement."),
+        HISTOGRAM(M_BATCH_DURATION, "outbox_batch_duration_seconds", batch_buckets,
+                  "Time to lock, publish and mark one batch."),
+        HISTOGRAM(M_EVENT_SIZE, "outbox_event_size_bytes", size_buckets,
+                  "Size of the Kafka message value produced for an event."),
+        GAUGE(M_EVENTS, "outbox_events", "status",
+              "Outbox rows by status, sampled from the table."),
+        GAUGE(M_OLDEST_PENDING_AGE, "outbox_oldest_pending_age_seconds", NULL,
+              "Age of the oldest pending outbox row."),
+        GAUGE(M_LAST_BATCH_TIMESTAMP, "outbox_relay_last_batch_timestamp_seconds", NULL,
+              "Unix time at which the relay last finished a batch."),
+        COUNTER(M_SWEEPER_STALE_RESET, "outbox_sweeper_stale_locks_reset_total", NULL,
+                "Stale row locks reset by the sweeper."),
+        COUNTER(M_SWEEPER_DELETED, "outbox_sweeper_rows_deleted_total", NULL,
+                "Published or dead rows deleted by the sweeper after retention."),
+        [M_BUILD_INFO] = {"outbox_build_info", MT_INFO,
+                          "Build information; the value is always 1.", NULL, NULL, 0},
+};
+
+struct series {
+        char label[METRICS_LABEL_MAX];
+        double value;
+};
+
+struct metric_state {
+        double value; /* unlabelled counter or gauge */
+        size_t nseries;
+        struct series *series; /* labelled: METRICS_MAX_SERIES entries */
+        unsigned long long counts[METRICS_MAX_BUCKETS + 1]; /* per bucket, last: +Inf */
+        unsigned long long count;
+        double sum;
+};
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct metric_state states[M_COUNT];
+/* One block per labelled metric (published, failed, dead, events); metrics_init
+ * fails if the table grows more. */
+static struct series labelled_storage[4][METRICS_MAX_SERIES];
+static char program_name[64] = "unknown";
+static int set_up; /* states[].series wired; metrics_init is optional */
+
+static void state_reset(void) {
+        size_t next = 0;
+        set_up = 1;
+        for (size_t i = 0; i < M_COUNT; i++) {
+                memset(&states[i], 0, sizeof states[i]);
+                if (metric_defs[i].label && next < NBUCKETS(labelled_storage))
+                        states[i].series = labelled_storage[next++];
+        }
+        memset(labelled_storage, 0, sizeof labelled_storage);
+}
+
+int metrics_init(const char *program) {
+        int rc = -1;
+        pthread_mutex_lock(&metrics_lock);
+        size_t labelled = 0;
+        for (size_t i = 0; i < M_COUNT; i++) {
+                const struct metric_def *d = &metric_defs[i];
+                if (!d->name || (d->label && ++labelled > NBUCKETS(labelled_storage)) ||
+                    d->nbuckets > METRICS_MAX_BUCKETS)
+                        goto out; /* table and storage disagree */
+        }
+        state_reset();
+        snprintf(program_name, sizeof program_name, "%s",
+                 program && *program ? program : "unknown");
+        rc = 0;
+out:
+        pthread_mutex_unlock(&metrics_lock);
+        return rc;
+}
+
+void metrics_destroy(void) {
+        pthread_mutex_lock(&metrics_lock);
+        state_reset();
+        snprintf(program_name, sizeof program_name, "%s", "unknown");
+        pthread_mutex_unlock(&metrics_lock);
+}
+
+/* The series for `label` (caller holds the lock); never NULL for a labelled
+ * metric set up by state_reset. */
+static struct series *series_find(struct metric_state *st, const char *label) {
+        if (!st->series)
+                return NULL;
+        if (!label || !*label)
+                label = METRICS_OTHER;
+        char cut[METRICS_LABEL_MAX];
+        size_t n = strlen(label);
+        if (n >= sizeof cut) {
+                n = sizeof cut - 1;
+                while (n > 0 && ((unsigned char)label[n] & 0xC0) == 0x80)
+                        n--; /* do not split a UTF-8 sequence */
+                memcpy(cut, label, n);
+                cut[n] = '\0';
+                label = cut;
+        }
+        for (size_t i = 0; i < st->nseries; i++)
+                if (strcmp(st->series[i].label, label) == 0)
+                        return &st->series[i];
+        /* The last slot is kept for "other". */
+        if (st->nseries >= METRICS_MAX_SERIES - 1 && strcmp(label, METRICS_OTHER) != 0) {
+                label = METRICS_OTHER;
+                for (size_t i = 0; i < st->nseries; i++)
+                        if (strcmp(st->series[i].label, label) == 0)
+                                return &st->series[i];
+        }
+        if (st->nseries >= METRICS_MAX_SERIES)
+                return NULL; /* unreachable: "other" holds the last slot */
+        struct series *s = &st->series[st->nseries++];
+        snprintf(s->label, sizeof s->label, "%s", label);
+        s->value = 0;
+        return s;
+}
+
+static double *value_slot(enum metric_id id, const char *label) {
+        if (!set_up)
+                state_reset();
+        struct metric_state *st = &states[id];
+        if (!metric_defs[id].label)
+                return &st->value;
+        struct series *s = series_find(st, label);
+        return s ? &s->value : NULL;
+}
+
+void metrics_add(enum metric_id id, const char *label, double v) {
+        if ((unsigned)id >= M_COUNT || isnan(v))
+                return;
+        enum metric_type t = metric_defs[id].type;
+        if (t != MT_COUNTER && t != MT_GAUGE)
+                return;
+        if (t == MT_COUNTER && v < 0)
+                return; /* counters never go down */
+        pthread_mutex_lock(&metrics_lock);
+        double *slot = value_slot(id, label);
+        if (slot)
+                *slot += v;
+        pthread_mutex_unlock(&metrics_lock);
+}
+
+void metrics_set(enum metric_id id, const char *label, double v) {
+        if ((unsigned)id >= M_COUNT || isnan(v))
+                return;
+        enum metric_type t = metric_defs[id].type;
+        if (t != MT_COUNTER && t != MT_GAUGE)
+                return;
+        pthread_mutex_lock(&metrics_lock);
+        double *slot = value_slot(id, label);
+        /* A counter may be set (mirroring a cumulative count) but never lowered. */
+        if (slot && (t == MT_GAUGE || v >= *slot))
+                *slot = v;
+        pthread_mutex_unlock(&metrics_lock);
+}
+
+void metrics_observe(enum metric_id id, double v) {
+        if ((unsigned)id >= M_COUNT || metric_defs[id].type != MT_HISTOGRAM || isnan(v))
+                return;
+        const struct metric_def *d = &metric_defs[id];
+        size_t b = 0;
+        while (b < d->nbuckets && v > d->buckets[b])
+                b++; /* b == nbuckets: only +Inf */
+        pthread_mutex_lock(&metrics_lock);
+        if (!set_up)
+                state_reset();
+        struct metric_state *st = &states[id];
+        st->counts[b]++;
+        st->count++;
+        st->sum += v;
+        pthread_mutex_unlock(&metrics_lock);
+}
+
+/* Formats v as Prometheus parses it: integers without a fraction, otherwise
+ * the shortest of %.15g / %.17g that reads back exactly. */
+static void format_number(char *out, size_t size, double v) {
+        if (isnan(v)) {
+                snprintf(out, size, "NaN");
+        } else if (isinf(v)) {
+                snprintf(out, size, v > 0 ? "+Inf" : "-Inf");
+        } else if (v == floor(v) && fabs(v) < 9007199254740992.0) {
+                snprintf(out, size, "%.0f", v == 0 ? 0.0 : v); /* no "-0" */
+        } else {
+                snprintf(out, size, "%.15g", v);
+                if (strtod(out, NULL) != v)
+                        snprintf(out, size, "%.17g", v);
+        }
+}
+
+/* Appends s with the exposition format's escapes: backslash and newline, plus
+ * the double quote inside label values. */
+static int append_escaped(struct buf *out, const char *s, int quote) {
+        const char *run = s;
+        for (const char *p = s; *p; p++) {
+                const char *esc = NULL;
+                if (*p == '\\')
+                        esc = "\\\\";
+                else if (*p == '\n')
+                        esc = "\\n";
+                else if (quote && *p == '"')
+                        esc = "\\\"";
+                if (!esc)
+                        continue;
+                if (buf_append(out, run, (size_t)(p - run)) != 0 || buf_append(out, esc, 2) != 0)
+                        return -1;
+                run = p + 1;
+        }
+        return buf_append(out, run, strlen(run));
+}
+
+static int render_sample(struct buf *out, const char *name, const char *suffix,
+                         const char *label, const char *label_value, double v) {
+        char num[64];
+        format_number(num, sizeof num, v);
+        if (buf_appendf(out, "%s%s", name, suffix) != 0)
+                return -1;
+        if (label) {
+                if (buf_appendf(out, "{%s=\"", label) != 0 ||
+                    append_escaped(out, label_value, 1) != 0 || buf_append(out, "\"}", 2) != 0)
+                        return -1;
+        }
+        return buf_appendf(out, " %s\n", num);
+}
+
+static int render_histogram(struct buf *out, const struct metric_def *d,
+                            const struct metric_state *st) {
+        unsigned long long cum = 0;
+        char le[64];
+        for (size_t b = 0; b <= d->nbuckets; b++) {
+                cum += st->counts[b];
+                if (b < d->nbuckets)
+                        format_number(le, sizeof le, d->buckets[b]);
+                else
+                        snprintf(le, sizeof le, "+Inf");
+                if (render_sample(out, d->name, "_bucket", "le", le, (double)cum) != 0)
+                        return -1;
+        }
+        if (render_sample(out, d->name, "_sum", NULL, NULL, st->sum) != 0 ||
+            render_sample(out, d->name, "_count", NULL, NULL, (double)st->count) != 0)
+                return -1;
+        return 0;
+}
+
+static int render_metric(struct buf *out, enum metric_id id) {
+        static const char *const type_names[] = {
+                [MT_COUNTER] = "counter",
+                [MT_GAUGE] = "gauge",
+                [MT_HISTOGRAM] = "histogram",
+                [MT_INFO] = "gauge",
+        };
+        const struct metric_def *d = &metric_defs[id];
+        const struct metric_state *st = &states[id];
+
+        if (buf_appendf(out, "# HELP %s ", d->name) != 0 || append_escaped(out, d->help, 0) != 0 ||
+            buf_appendf(out, "\n# TYPE %s %s\n", d->name, type_names[d->type]) != 0)
+                return -1;
+        switch (d->type) {
+        case MT_HISTOGRAM:
+                return render_histogram(out, d, st);
+        case MT_INFO:
+                if (buf_appendf(out, "%s{version=\"", d->name) != 0 ||
+                    append_escaped(out, OUTBOX_VERSION, 1) != 0 ||
+                    buf_append(out, "\",program=\"", 11) != 0 ||
+                    append_escaped(out, program_name, 1) != 0 || buf_append(out, "\"} 1\n", 5) != 0)
+                        return -1;
+                return 0;
+        case MT_COUNTER:
+        case MT_GAUGE:
+                if (!d->label)
+                        return render_sample(out, d->name, "", NULL, NULL, st->value);
+                for (size_t i = 0; i < st->nseries; i++)
+                        if (render_sample(out, d->name, "", d->label, st->series[i].label,
+                                          st->series[i].value) != 0)
+                                return -1;
+                return 0;
+        }
+        return -1;
+}
+
+int metrics_render(struct buf *out) {
+        int rc = -1;
+        size_t start = out->len;
+        pthread_mutex_lock(&metrics_lock);
+        if (!set_up)
+                state_reset();
+        for (size_t i = 0; i < M_COUNT; i++)
+                if (render_metric(out, (enum metric_id)i) != 0)
+                        goto out;
+        rc = 0;
+out:
+        pthread_mutex_unlock(&metrics_lock);
+        if (rc != 0 && out->data) {
+                out->len = start; /* no half-rendered exposition */
+                out->data[start] = '\0';
+        }
+        return rc;
+}
