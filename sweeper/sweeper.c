@@ -1,0 +1,187 @@
+/* sweeper.c - stale-lock reset and retention delete, in small transactions. */
+#include "sweeper.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "db.h"
+#include "log.h"
+#include "metrics.h"
+
+#define RECONNECT_MIN_MS 100
+#define RECONNECT_MAX_MS 5000
+
+struct sweeper {
+        const struct config *cfg;
+        struct http *http;
+        struct db *db;
+        int reconnect_ms;
+};
+
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void beat(struct sweeper *s) {
+        if (s->http)
+                http_heartbeat(s->http);
+}
+
+/* Sleeps up to ms, waking early when *stop is set; keeps /healthz alive. */
+static void nap(struct sweeper *s, long long ms, volatile sig_atomic_t *stop) {
+        while (ms > 0 && !*stop) {
+                long long step = ms < 100 ? ms : 100;
+                struct timespec ts = {0, (long)step * 1000000L};
+                nanosleep(&ts, NULL);
+                ms -= step;
+                beat(s);
+        }
+}
+
+struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *errstr,
+                            size_t errstr_size) {
+        struct sweeper *s = calloc(1, sizeof *s);
+        if (!s) {
+                snprintf(errstr, errstr_size, "out of memory");
+                return NULL;
+        }
+        s->cfg = cfg;
+        s->http = http;
+        s->reconnect_ms = RECONNECT_MIN_MS;
+        s->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
+        if (!s->db) {
+                snprintf(errstr, errstr_size, "out of memory");
+                free(s);
+                return NULL;
+        }
+        return s;
+}
+
+void sweeper_destroy(struct sweeper *s) {
+        if (!s)
+                return;
+        db_destroy(s->db);
+        free(s);
+}
+
+int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res,
+                  char *errstr, size_t errstr_size) {
+        const struct config *cfg = s->cfg;
+        long long n;
+
+        res->stale_reset = res->deleted = 0;
+        res->statements = 0;
+        /* Stale locks first: they hold up whole aggregates. */
+        do {
+                if (db_reset_stale(s->db, cfg->lock_timeout_s, cfg->delete_batch, &n, errstr,
+                                   errstr_size) != 0)
+                        return -1;
+                res->stale_reset += n;
+                metrics_add(M_SWEEPER_STALE_RESET, NULL, (double)n);
+                beat(s);
+        } while (n >= cfg->delete_batch && !*stop);
+        if (res->stale_reset)
+                log_warn("sweeper", "stale locks returned", "rows=%lld lock_timeout_s=%d",
+                         res->stale_reset, cfg->lock_timeout_s);
+
+        if (cfg->retention_s == 0)
+                return 0;
+        do {
+                if (db_delete_published(s->db, cfg->retention_s, cfg->delete_batch, &n, errstr,
+                                        errstr_size) != 0)
+                        return -1;
+                res->deleted += n;
+                res->statements++;
+                metrics_add(M_SWEEPER_DELETED, NULL, (double)n);
+                beat(s);
+        } while (n >= cfg->delete_batch && !*stop);
+        return 0;
+}
+
+/* Connects if needed; on failure waits the backoff and returns -1. */
+static int ensure_db(struct sweeper *s, volatile sig_atomic_t *stop) {
+        char err[512];
+        if (db_connected(s->db))
+                return 0;
+        if (db_connect(s->db, err, sizeof err) == 0) {
+                log_info("db", "connected", "table=%s", s->cfg->table);
+                s->reconnect_ms = RECONNECT_MIN_MS;
+                if (s->http)
+                        http_set_ready(s->http, 1);
+                return 0;
+        }
+        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", s->reconnect_ms,
+                 log_quote(err));
+        if (s->http)
+                http_set_ready(s->http, 0);
+        nap(s, s->reconnect_ms, stop);
+        s->reconnect_ms = s->reconnect_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
+                                                                 : s->reconnect_ms * 2;
+        return -1;
+}
+
+/* One sweep, logged. 0 when it completed. */
+static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
+        struct sweep_result res;
+        char err[512];
+        double started = mono_s();
+        int rc = sweeper_sweep(s, stop, &res, err, sizeof err);
+        if (rc != 0) {
+                log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
+                         res.stale_reset, res.deleted, log_quote(err));
+                if (s->http && !db_connected(s->db))
+                        http_set_ready(s->http, 0);
+                return -1;
+        }
+        if (res.stale_reset || res.deleted)
+                log_info("sweeper", "sweep done",
+                         "stale_reset=%lld deleted=%lld statements=%d seconds=%.3f",
+                         res.stale_reset, res.deleted, res.statements, mono_s() - started);
+        else
+                log_debug("sweeper", "sweep done",
+                          "stale_reset=0 deleted=0 statements=%d seconds=%.3f", res.statements,
+                          mono_s() - started);
+        return 0;
+}
+
+int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
+        const struct config *cfg = s->cfg;
+        log_info("sweeper", "started",
+                 "mode=%s table=%s lock_timeout_s=%d retention_s=%lld delete_batch=%d "
+                 "sweep_interval_s=%d",
+                 cfg->once ? "once" : "loop", cfg->table, cfg->lock_timeout_s, cfg->retention_s,
+                 cfg->delete_batch, cfg->sweep_interval_s);
+        if (cfg->once) {
+                double deadline = mono_s() + SWEEPER_ONCE_RETRY_S;
+                while (!*stop) {
+                        beat(s);
+                        if (ensure_db(s, stop) == 0 && sweep_once(s, stop) == 0)
+                                return 0;
+                        if (mono_s() > deadline) {
+                                log_error("sweeper", "giving up: sweep not completed",
+                                          "retry_s=%d", SWEEPER_ONCE_RETRY_S);
+                                return 1;
+                        }
+                        if (db_connected(s->db))  /* a failed statement, not a lost database */
+                                nap(s, 1000, stop);
+                }
+                log_info("sweeper", "stopped", NULL);
+                return 0;
+        }
+        while (!*stop) {
+                beat(s);
+                if (ensure_db(s, stop) != 0)
+                        continue;
+                if (sweep_once(s, stop) != 0) {
+                        if (db_connected(s->db))
+                                nap(s, 1000, stop);
+                        continue;
+                }
+                nap(s, (long long)cfg->sweep_interval_s * 1000, stop);
+        }
+        log_info("sweeper", "stopped", NULL);
+        return 0;
+}
