@@ -376,7 +376,9 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                         return 1; /* the producer could not be rebuilt */
                 if (n > 0)
                         continue; /* more may be due at once (next versions, backlog) */
-                if (n == 0 && db_wait(r->db, r->cfg->poll_interval_ms) < 0)
+                if (n < 0)
+                        nap(r->cfg->poll_interval_ms, stop); /* no hot loop on a failing query */
+                else if (db_wait(r->db, r->cfg->poll_interval_ms) < 0)
                         log_warn("db", "connection lost while idle", NULL);
                 kafka_poll(r->kafka, 0);
         }
