@@ -225,6 +225,10 @@ Pod-level scheduling and security settings shared by every workload.
 {{- define "outbox-relay.podSpecCommon" -}}
 serviceAccountName: {{ include "outbox-relay.serviceAccountName" . }}
 automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+{{- /* Service links would inject <SVC>_* variables; a Service named like
+       outbox-kafka-... would turn into OUTBOX_KAFKA_* "librdkafka properties"
+       and stop the relay with exit 2. */}}
+enableServiceLinks: false
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
