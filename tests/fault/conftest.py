@@ -1,0 +1,329 @@
+"""Fixtures and checks shared by the fault tests (DESIGN.md G1-G5).
+
+Every test works on its own schema (TestSchema) and topic prefix. On top of the
+outbox table each test installs an *audit trigger* (install_audit) that records
+every change of a row's status or lock holder, with the *actor* that made it:
+each relay and sweeper connects with `options=-c outbox.actor=<name>` in its
+database URL (actor_env), so the trigger knows which process ran the statement
+without trusting the process's own story. check_audit() then replays each
+row's history and fails on:
+
+  - a row locked while another lock on it was neither marked nor reset (G3);
+  - a lock taken by one process on behalf of another (locked_by != actor);
+  - a lock released by a process that did not hold it, except the sweeper's
+    STALE_LOCK reset, and that only after the lock timeout;
+  - a PUBLISHED row changing again (PUBLISHED is final until deletion).
+
+Kafka is read back with read_topics; check_kafka() compares it with the table
+(G1), checks first-copy order per partition (G2), and allows a duplicate only
+for rows whose audit permits one (G3).
+"""
+import collections
+import datetime
+import os
+import sys
+import time
+import urllib.parse
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+from harness import (MockBroker, Postgres, TestSchema, check_order, duplicates,  # noqa: E402
+                     header, read_topics)
+
+# Short timeouts so every fault resolves in seconds (DESIGN.md defaults are minutes).
+DELIVERY_TIMEOUT_MS = 3000
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="session")
+def pg():
+    p = Postgres()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
+        yield b
+
+
+@pytest.fixture
+def own_kafka(tmp_path):
+    """A broker of the test's own, for tests that take brokers down."""
+    with MockBroker(log_dir=str(tmp_path)) as b:
+        yield b
+
+
+@pytest.fixture
+def db(pg, request):
+    with TestSchema(pg, request.node.name[5:25]) as s:
+        install_audit(s)
+        yield s
+
+
+@pytest.fixture
+def report(request, capsys):
+    """report(fmt, *args): prints a line of what the test checked, visible in
+    the pytest/ctest output even when the test passes."""
+    name = request.node.name
+
+    def out(fmt, *args):
+        line = "[%s] %s" % (name, fmt % args if args else fmt)
+        with capsys.disabled():
+            sys.stdout.write("\n" + line)
+            sys.stdout.flush()
+    return out
+
+
+# ------------------------------------------------------------------ environment
+
+def actor_url(url, actor):
+    """The database URL with `options=-c outbox.actor=<actor>` added: the audit
+    trigger reads it with current_setting('outbox.actor')."""
+    opt = "options=" + urllib.parse.quote("-c outbox.actor=%s" % actor, safe="")
+    return url + ("&" if "?" in url else "?") + opt
+
+
+def actor_env(db, actor, **extra):
+    env = {"OUTBOX_DATABASE_URL": actor_url(db.pg.url, actor), "OUTBOX_TABLE": db.table,
+           "OUTBOX_HTTP_ADDR": "off", "OUTBOX_LOG_FORMAT": "text"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def relay_env(db, kafka, relay_id, **extra):
+    """A relay named relay_id (also its actor) with the fault suite's short
+    timeouts and the test's topic prefix."""
+    env = actor_env(db, relay_id,
+                    OUTBOX_RELAY_ID=relay_id,
+                    OUTBOX_KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap,
+                    OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=DELIVERY_TIMEOUT_MS,
+                    OUTBOX_POLL_INTERVAL_MS=100,
+                    OUTBOX_BACKOFF_INITIAL_MS=200,
+                    OUTBOX_BACKOFF_MAX_MS=1000,
+                    OUTBOX_TOPIC_TEMPLATE="%s.{aggregate_type}" % db.schema)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def sweeper_env(db, name, **extra):
+    env = actor_env(db, name, OUTBOX_RELAY_ID=name, OUTBOX_LOCK_TIMEOUT_S=3,
+                    OUTBOX_SWEEP_INTERVAL_S=1, OUTBOX_RETENTION_S=0)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (and its threads) from /proc/<pid>/stat."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def reconnect(db):
+    """After a server restart: a fresh connection for the test's TestSchema."""
+    try:
+        db.conn.close()
+    except Exception:
+        pass
+    db.conn = db.pg.connect()
+    return db
+
+
+# ------------------------------------------------------------------ audit
+
+AUDIT_SQL = """
+CREATE TABLE {s}.lock_audit (
+    seq            bigserial PRIMARY KEY,
+    outbox_id      uuid NOT NULL,
+    old_status     text,
+    new_status     text,
+    old_locked_by  text,
+    new_locked_by  text,
+    old_locked_at  timestamptz,
+    actor          text,
+    code           text,
+    attempt_count  int,
+    available_at   timestamptz,
+    ts             timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE {s}.delete_audit (
+    seq    bigserial PRIMARY KEY,
+    actor  text,
+    rows   bigint NOT NULL,
+    bad    bigint NOT NULL,  -- deleted rows that were not PUBLISHED
+    ts     timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION {s}.audit_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status IS DISTINCT FROM OLD.status OR NEW.locked_by IS DISTINCT FROM OLD.locked_by
+    THEN
+        INSERT INTO {s}.lock_audit (outbox_id, old_status, new_status, old_locked_by,
+            new_locked_by, old_locked_at, actor, code, attempt_count, available_at)
+        VALUES (NEW.outbox_id, OLD.status, NEW.status, OLD.locked_by, NEW.locked_by,
+            OLD.locked_at, current_setting('outbox.actor', true), NEW.last_error_code,
+            NEW.attempt_count, NEW.available_at);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER audit_update AFTER UPDATE ON {s}.outbox_event
+    FOR EACH ROW EXECUTE FUNCTION {s}.audit_update();
+CREATE FUNCTION {s}.audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {s}.delete_audit (actor, rows, bad)
+    SELECT current_setting('outbox.actor', true), count(*),
+           count(*) FILTER (WHERE status <> 'PUBLISHED') FROM gone;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER audit_delete AFTER DELETE ON {s}.outbox_event
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_delete();
+"""
+
+
+def install_audit(db):
+    db.execute(AUDIT_SQL.format(s=db.schema))
+
+
+def audit_rows(db):
+    return db.execute("SELECT *, outbox_id::text AS outbox_id FROM %s.lock_audit ORDER BY seq"
+                      % db.schema)
+
+
+class Audit:
+    """The replayed audit: violations plus per-row facts the tests use."""
+
+    def __init__(self):
+        self.violations = []
+        self.locks = collections.Counter()        # outbox_id -> number of locks
+        self.stale_resets = collections.Counter()  # outbox_id -> STALE_LOCK resets
+        self.relocked_after_stale = set()          # locked again after a STALE_LOCK reset
+        self.releases = collections.Counter()      # (actor kind, new status) -> count
+        self.failed = []                            # audit rows of marks to FAILED by relays
+
+    @property
+    def lock_count(self):
+        return sum(self.locks.values())
+
+
+def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
+    """Replays lock_audit (see the module docstring). Returns an Audit; the
+    caller asserts not audit.violations."""
+    a = Audit()
+    holder = {}   # outbox_id -> (locked_by, locked_at ts)
+    published = set()
+    for r in audit_rows(db):
+        oid, actor = r["outbox_id"], r["actor"]
+        where = "audit#%d row %s" % (r["seq"], oid)
+        if oid in published:
+            if not (actor in allow_actors and r["new_status"] == "PENDING"):
+                a.violations.append("%s: changed after PUBLISHED (%s -> %s by %s)"
+                                    % (where, r["old_status"], r["new_status"], actor))
+            published.discard(oid)
+        if r["new_status"] == "PUBLISHING":
+            if r["old_status"] == "PUBLISHING" or oid in holder:
+                a.violations.append("%s: locked by %s while held by %s"
+                                    % (where, r["new_locked_by"],
+                                       holder.get(oid, (r["old_locked_by"],))[0]))
+            if actor != r["new_locked_by"]:
+                a.violations.append("%s: %s took a lock for %s" % (where, actor,
+                                                                   r["new_locked_by"]))
+            if a.stale_resets[oid]:
+                a.relocked_after_stale.add(oid)
+            holder[oid] = (r["new_locked_by"], r["ts"])
+            a.locks[oid] += 1
+        elif r["old_status"] == "PUBLISHING":
+            held = holder.pop(oid, None)
+            if held is None or held[0] != r["old_locked_by"]:
+                a.violations.append("%s: released lock of %s that the audit never saw taken"
+                                    % (where, r["old_locked_by"]))
+            if r["code"] == "STALE_LOCK" and r["new_status"] == "FAILED" and \
+                    actor and actor.startswith("sweeper"):
+                a.stale_resets[oid] += 1
+                a.releases[("sweeper", "STALE_LOCK")] += 1
+                if lock_timeout_s is not None and held is not None:
+                    age = (r["ts"] - held[1]).total_seconds()
+                    if age < lock_timeout_s - 0.5:
+                        a.violations.append("%s: sweeper reset a lock %.2fs old (timeout %ds)"
+                                            % (where, age, lock_timeout_s))
+            elif actor != r["old_locked_by"]:
+                a.violations.append("%s: %s marked %s a row locked by %s"
+                                    % (where, actor, r["new_status"], r["old_locked_by"]))
+            else:
+                a.releases[("relay", r["new_status"])] += 1
+                if r["new_status"] == "FAILED":
+                    a.failed.append(r)
+            if r["new_status"] == "PUBLISHED":
+                published.add(oid)
+        elif actor not in allow_actors:
+            a.violations.append("%s: %s moved %s -> %s outside a lock"
+                                % (where, actor, r["old_status"], r["new_status"]))
+    return a
+
+
+# ------------------------------------------------------------------ kafka
+
+def parse_ts(text):
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc)
+
+
+class KafkaCheck:
+    def __init__(self, msgs):
+        self.msgs = msgs
+        self.ids = collections.Counter(header(m, "event-id") for m in msgs)
+        self.dups = duplicates(msgs)
+        self.extra_copies = sum(n - 1 for n in self.dups.values())
+        ok, self.order_violations = check_order(msgs)
+        self.max_lag_s = 0.0
+        for m in msgs:
+            occurred = header(m, "occurred-at")
+            if occurred and m.get("timestamp") is not None:
+                lag = m["timestamp"] / 1000.0 - parse_ts(occurred).timestamp()
+                self.max_lag_s = max(self.max_lag_s, lag)
+
+
+def check_kafka(kafka, topics, rows, dup_allowed):
+    """Reads the topics back and checks them against the table rows (dicts of
+    db.rows()): every PUBLISHED row's event is there (G1), no event that is
+    not a row, first-copy order per partition (G2), and duplicates only of
+    ids in dup_allowed (G3). Returns (KafkaCheck, problems)."""
+    kc = KafkaCheck(read_topics(kafka.bootstrap, topics=topics, timeout_s=60))
+    problems = []
+    table_ids = {r["outbox_id"] for r in rows}
+    published = {r["outbox_id"] for r in rows if r["status"] == "PUBLISHED"}
+    missing = published - set(kc.ids)
+    if missing:
+        problems.append("%d PUBLISHED rows not on Kafka, e.g. %s"
+                        % (len(missing), sorted(missing)[:3]))
+    strangers = set(kc.ids) - table_ids
+    if strangers:
+        problems.append("%d events on Kafka that are not rows, e.g. %s"
+                        % (len(strangers), sorted(strangers, key=str)[:3]))
+    bad_dups = set(kc.dups) - set(dup_allowed)
+    if bad_dups:
+        problems.append("%d events duplicated without a reason in the audit, e.g. %s"
+                        % (len(bad_dups), sorted(bad_dups)[:3]))
+    problems.extend(kc.order_violations[:10])
+    return kc, problems
+
+
+def db_lag_s(db):
+    """Longest occurred_at -> published_at of PUBLISHED rows (seconds)."""
+    rows = db.execute("SELECT coalesce(extract(epoch FROM max(published_at - occurred_at)), 0)"
+                      "::float8 AS lag FROM %s WHERE status = 'PUBLISHED'" % db.table)
+    return rows[0]["lag"]
+
+
+def wait_quiet(db, timeout, what="all rows final"):
+    """Waits until no row is PENDING, PUBLISHING or FAILED."""
+    deadline = time.monotonic() + timeout
+    while True:
+        c = db.status_counts()
+        if c["PENDING"] == c["PUBLISHING"] == c["FAILED"] == 0:
+            return c
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.0fs waiting for %s: %s" % (timeout, what, c))
+        time.sleep(0.1)
