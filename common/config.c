@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "encode.h"
 #include "log.h"
 
 extern char **environ;
@@ -65,6 +66,8 @@ static const struct opt opts[] = {
      serialization_names, "json or avro"},
     {"OUTBOX_SCHEMA_REGISTRY_URL", T_STR, "", O(schema_registry_url), RELAY, 0, 0, NULL,
      "Confluent schema registry for avro (optional)"},
+    {"OUTBOX_ENVELOPE_FIELDS", T_STR, "", O(envelope_fields), RELAY, 0, 0, NULL,
+     "extra envelope fields: event_key, partition_key, topic_name, headers_json.<member>[:name],..."},
     {"OUTBOX_PRODUCER_NAME", T_STR, "outbox-relay", O(producer_name), RELAY, 0, 0, NULL,
      "value of the producer header"},
     {"OUTBOX_HTTP_ADDR", T_STR, "0.0.0.0:9464", O(http_addr), BOTH, 0, 0, NULL,
@@ -436,6 +439,20 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                 if (i == cfg->kafka_cnt)
                         return fail(errstr, size,
                                     "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: required but not set");
+                if (*cfg->schema_registry_url &&
+                    strncmp(cfg->schema_registry_url, "http://", 7) &&
+                    strncmp(cfg->schema_registry_url, "https://", 8))
+                        return fail(errstr, size,
+                                    "OUTBOX_SCHEMA_REGISTRY_URL: must start with http:// or "
+                                    "https://");
+                struct encode_fields fields;
+                char why[300];
+                if (encode_fields_parse(cfg->envelope_fields, &fields, why, sizeof why) != 0)
+                        return fail(errstr, size, "OUTBOX_ENVELOPE_FIELDS: %s", why);
+                if (fields.n && cfg->value_format == VALUE_PAYLOAD)
+                        return fail(errstr, size,
+                                    "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is "
+                                    "payload (there is no envelope)");
                 if (cfg->serialization == SERIALIZATION_JSON && *cfg->schema_registry_url)
                         return fail(errstr, size,
                                     "OUTBOX_SCHEMA_REGISTRY_URL: set, but OUTBOX_SERIALIZATION "

@@ -1,12 +1,13 @@
 /* encode.c - topic, envelope and headers of one outbox row. */
 #include "encode.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int buf_reserve(struct buf *b, size_t extra) {
+int buf_reserve(struct buf *b, size_t extra) {
         if (b->len + extra + 1 <= b->cap)
                 return 0;
         size_t cap = b->cap ? b->cap : 256;
@@ -113,6 +114,150 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
 }
 
 int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {
+        return encode_envelope_json_fields(ev, NULL, out);
+}
+
+/* Keys of the envelope itself (DESIGN.md), in order. */
+static const char *const envelope_keys[] = {
+        "event_id",     "event_type",        "event_version", "tenant_id",
+        "aggregate_type", "aggregate_id",    "aggregate_version", "occurred_at",
+        "correlation_id", "causation_id",    "trace_id",      "payload",
+};
+
+static int valid_name(const char *s) {
+        if (!*s || !(isalpha((unsigned char)*s) || *s == '_'))
+                return 0;
+        for (; *s; s++)
+                if (!(isalnum((unsigned char)*s) || *s == '_'))
+                        return 0;
+        return 1;
+}
+
+int encode_fields_parse(const char *spec, struct encode_fields *out, char *errstr,
+                        size_t errstr_size) {
+        static const struct {
+                const char *column;
+                int source;
+        } columns[] = {
+                {"event_key", FIELD_EVENT_KEY},
+                {"partition_key", FIELD_PARTITION_KEY},
+                {"topic_name", FIELD_TOPIC_NAME},
+        };
+        memset(out, 0, sizeof *out);
+        const char *p = spec ? spec : "";
+        while (*p) {
+                while (*p == ' ' || *p == ',')
+                        p++;
+                if (!*p)
+                        break;
+                size_t len = strcspn(p, ",");
+                char item[256];
+                while (len && p[len - 1] == ' ')
+                        len--;
+                if (len >= sizeof item) {
+                        snprintf(errstr, errstr_size, "entry too long: '%.40s...'", p);
+                        return -1;
+                }
+                memcpy(item, p, len);
+                item[len] = '\0';
+                p += len;
+                while (*p == ' ')
+                        p++;
+                if (out->n == ENCODE_MAX_FIELDS) {
+                        snprintf(errstr, errstr_size, "more than %d entries", ENCODE_MAX_FIELDS);
+                        return -1;
+                }
+                struct encode_field *f = &out->f[out->n];
+                char *colon = strchr(item, ':');
+                const char *name = NULL;
+                if (colon) {
+                        *colon = '\0';
+                        name = colon + 1;
+                }
+                size_t i;
+                for (i = 0; i < sizeof columns / sizeof columns[0]; i++)
+                        if (!strcmp(item, columns[i].column))
+                                break;
+                if (i < sizeof columns / sizeof columns[0]) {
+                        f->source = columns[i].source;
+                        if (!name)
+                                name = columns[i].column;
+                } else if (!strncmp(item, "headers_json.", 13) && item[13]) {
+                        f->source = FIELD_HEADER;
+                        if (strlen(item + 13) >= sizeof f->member) {
+                                snprintf(errstr, errstr_size, "member name too long in '%s'", item);
+                                return -1;
+                        }
+                        snprintf(f->member, sizeof f->member, "%s", item + 13);
+                        if (!name)
+                                name = f->member;
+                } else {
+                        snprintf(errstr, errstr_size,
+                                 "unknown source '%s' (expected event_key, partition_key, "
+                                 "topic_name or headers_json.<member>, each optionally :name)",
+                                 item);
+                        return -1;
+                }
+                if (!valid_name(name) || strlen(name) >= ENCODE_FIELD_NAME_MAX) {
+                        snprintf(errstr, errstr_size,
+                                 "'%s' is not a valid field name ([A-Za-z_][A-Za-z0-9_]*, "
+                                 "at most %d bytes; give one with :name)",
+                                 name, ENCODE_FIELD_NAME_MAX - 1);
+                        return -1;
+                }
+                for (i = 0; i < sizeof envelope_keys / sizeof envelope_keys[0]; i++)
+                        if (!strcmp(name, envelope_keys[i])) {
+                                snprintf(errstr, errstr_size,
+                                         "field name '%s' is already an envelope key", name);
+                                return -1;
+                        }
+                for (i = 0; i < out->n; i++)
+                        if (!strcmp(name, out->f[i].name)) {
+                                snprintf(errstr, errstr_size, "field name '%s' given twice", name);
+                                return -1;
+                        }
+                snprintf(f->name, sizeof f->name, "%s", name);
+                out->n++;
+        }
+        return 0;
+}
+
+/* Reads one netstring "<len>:<bytes>" at *p (end e); returns 0 and advances. */
+static int netstring(const char **p, const char *e, const char **val, size_t *len);
+
+const char *encode_field_value(const struct encode_field *f, const struct outbox_event *ev,
+                               size_t *len) {
+        const char *v = NULL;
+        *len = 0;
+        switch (f->source) {
+        case FIELD_EVENT_KEY: v = ev->event_key; break;
+        case FIELD_PARTITION_KEY: v = ev->partition_key; break;
+        case FIELD_TOPIC_NAME: v = ev->topic_name; break;
+        case FIELD_HEADER: {
+                if (!ev->headers)
+                        return NULL;
+                size_t mlen = strlen(f->member);
+                const char *p = ev->headers, *e = p + strlen(p);
+                while (p < e) {
+                        const char *name, *val;
+                        size_t nlen, vlen;
+                        if (netstring(&p, e, &name, &nlen) || netstring(&p, e, &val, &vlen))
+                                return NULL;
+                        if (nlen == mlen && !memcmp(name, f->member, mlen)) {
+                                *len = vlen;
+                                return val;
+                        }
+                }
+                return NULL;
+        }
+        }
+        if (v)
+                *len = strlen(v);
+        return v;
+}
+
+int encode_envelope_json_fields(const struct outbox_event *ev, const struct encode_fields *fields,
+                                struct buf *out) {
         buf_reset(out);
         int rc = buf_append(out, "{\"event_id\":", 12) ||
                  buf_append_json_string(out, ev->outbox_id) ||
@@ -140,10 +285,22 @@ int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {
                 rc = buf_append(out, ev->payload, ev->payload_len);
         else
                 rc = buf_append(out, "null", 4);
+        for (size_t i = 0; !rc && fields && i < fields->n; i++) {
+                size_t vlen;
+                const char *v = encode_field_value(&fields->f[i], ev, &vlen);
+                rc = buf_appendf(out, ",\"%s\":", fields->f[i].name);
+                if (!rc && !v) {
+                        rc = buf_append(out, "null", 4);
+                } else if (!rc) {
+                        /* header members are not NUL-terminated: escape a copy */
+                        char *copy = strndup(v, vlen);
+                        rc = !copy || buf_append_json_string(out, copy);
+                        free(copy);
+                }
+        }
         return rc || buf_append(out, "}", 1) ? -1 : 0;
 }
 
-/* Reads one netstring "<len>:<bytes>" at *p (end e); returns 0 and advances. */
 static int netstring(const char **p, const char *e, const char **val, size_t *len) {
         size_t n = 0;
         const char *q = *p;
@@ -166,6 +323,30 @@ int encode_headers(const struct outbox_event *ev, const char *producer,
                    const char *content_type, const char *schema_id,
                    struct encode_header *hdrs, struct buf *scratch, char *errstr,
                    size_t errstr_size) {
+        return encode_headers_fields(ev, producer, content_type, schema_id, NULL, hdrs, scratch,
+                                     errstr, errstr_size);
+}
+
+/* Nonzero when `fields` places headers_json member `name` (nlen bytes). */
+static int placed_member(const struct encode_fields *fields, const char *name, size_t nlen) {
+        for (size_t i = 0; fields && i < fields->n; i++)
+                if (fields->f[i].source == FIELD_HEADER && strlen(fields->f[i].member) == nlen &&
+                    !memcmp(fields->f[i].member, name, nlen))
+                        return 1;
+        return 0;
+}
+
+static int placed_event_key(const struct encode_fields *fields) {
+        for (size_t i = 0; fields && i < fields->n; i++)
+                if (fields->f[i].source == FIELD_EVENT_KEY)
+                        return 1;
+        return 0;
+}
+
+int encode_headers_fields(const struct outbox_event *ev, const char *producer,
+                          const char *content_type, const char *schema_id,
+                          const struct encode_fields *fields, struct encode_header *hdrs,
+                          struct buf *scratch, char *errstr, size_t errstr_size) {
         if (!ev->headers) {
                 snprintf(errstr, errstr_size, "headers_json is not a JSON object");
                 return -1;
@@ -198,7 +379,7 @@ int encode_headers(const struct outbox_event *ev, const char *producer,
                 {"correlation-id", ev->correlation_id, 0},
                 {"causation-id", ev->causation_id, 0},
                 {"trace-id", ev->trace_id, 0},
-                {"event-key", ev->event_key, 0},
+                {"event-key", placed_event_key(fields) ? NULL : ev->event_key, 0},
                 {"schema-id", schema_id, 0},
         };
         const size_t nfixed = sizeof fixed / sizeof fixed[0];
@@ -232,7 +413,7 @@ int encode_headers(const struct outbox_event *ev, const char *producer,
                 for (i = 0; i < nfixed; i++)
                         if (!strcmp(fixed[i].name, nm))
                                 break;
-                if (i < nfixed)
+                if (i < nfixed || placed_member(fields, name, nlen))
                         continue; /* a member never replaces a fixed header */
                 hdrs[n].name = nm;
                 hdrs[n].value = val;

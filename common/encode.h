@@ -13,6 +13,8 @@ struct buf {
         size_t len, cap;
 };
 
+/* Makes room for `extra` more bytes (plus a NUL) without changing len. */
+int buf_reserve(struct buf *b, size_t extra) __attribute__((warn_unused_result));
 int buf_append(struct buf *b, const void *p, size_t n) __attribute__((warn_unused_result));
 int buf_appendf(struct buf *b, const char *fmt, ...)
         __attribute__((format(printf, 2, 3), warn_unused_result));
@@ -30,6 +32,51 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
  * payload JSON embedded as is). 0 on success. */
 int encode_envelope_json(const struct outbox_event *ev, struct buf *out)
         __attribute__((warn_unused_result));
+
+/* Extra envelope fields (OUTBOX_ENVELOPE_FIELDS, Debezium's
+ * table.fields.additional.placement=<column>:envelope:<alias>): a column that
+ * is not in the envelope, or a headers_json member, placed in the envelope
+ * under `name` (always a string or null). A placed headers_json member and a
+ * placed event_key are no longer sent as headers. */
+enum encode_field_source {
+        FIELD_EVENT_KEY = 0,
+        FIELD_PARTITION_KEY,
+        FIELD_TOPIC_NAME,
+        FIELD_HEADER  /* headers_json.<member> */
+};
+
+#define ENCODE_MAX_FIELDS 16
+#define ENCODE_FIELD_NAME_MAX 64
+
+struct encode_field {
+        int source;                        /* enum encode_field_source */
+        char member[128];                  /* FIELD_HEADER: the headers_json member */
+        char name[ENCODE_FIELD_NAME_MAX];  /* key in the envelope (an Avro name) */
+};
+
+struct encode_fields {
+        struct encode_field f[ENCODE_MAX_FIELDS];
+        size_t n;
+};
+
+/* Parses OUTBOX_ENVELOPE_FIELDS: comma-separated `source[:name]`, source one of
+ * event_key, partition_key, topic_name, headers_json.<member>; name defaults
+ * to the column or member name and must match [A-Za-z_][A-Za-z0-9_]*, differ
+ * from the envelope's own keys and from each other. An empty spec gives n = 0.
+ * 0, or -1 with the reason (without the variable name) in errstr. */
+int encode_fields_parse(const char *spec, struct encode_fields *out, char *errstr,
+                        size_t errstr_size) __attribute__((warn_unused_result));
+
+/* The value of field f for ev: a pointer into ev (not NUL-terminated for
+ * header members) and its length, or NULL when the column is NULL or the
+ * member absent. */
+const char *encode_field_value(const struct encode_field *f, const struct outbox_event *ev,
+                               size_t *len);
+
+/* As encode_envelope_json(), then each field of `fields` (may be NULL) as a
+ * JSON string or null, after payload. */
+int encode_envelope_json_fields(const struct outbox_event *ev, const struct encode_fields *fields,
+                                struct buf *out) __attribute__((warn_unused_result));
 
 /* One Kafka header; name and value point into an event or an encode_headers
  * scratch buffer. */
@@ -51,5 +98,13 @@ int encode_headers(const struct outbox_event *ev, const char *producer,
                    const char *content_type, const char *schema_id,
                    struct encode_header *hdrs, struct buf *scratch, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
+
+/* As encode_headers(), leaving out what `fields` (may be NULL) places in the
+ * envelope: those headers_json members, and event-key when event_key is placed. */
+int encode_headers_fields(const struct outbox_event *ev, const char *producer,
+                          const char *content_type, const char *schema_id,
+                          const struct encode_fields *fields, struct encode_header *hdrs,
+                          struct buf *scratch, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
 #endif

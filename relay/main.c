@@ -33,10 +33,6 @@ int main(int argc, char **argv) {
                 return 0;
         }
         log_setup(c == 0 ? (enum log_level)cfg.log_level : LOG_INFO, c == 0 && cfg.log_format_json);
-        if (c == 0 && cfg.serialization == SERIALIZATION_AVRO) {
-                snprintf(err, sizeof err, "OUTBOX_SERIALIZATION: avro is not supported by this build");
-                c = -1;
-        }
         if (c != 0 || kafka_conf_check(&cfg, err, sizeof err) != 0) {
                 log_error("config", "bad configuration", "err=%s", log_quote(err));
                 config_destroy(&cfg);

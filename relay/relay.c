@@ -8,11 +8,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "avro.h"
 #include "db.h"
 #include "encode.h"
 #include "kafka.h"
 #include "log.h"
 #include "metrics.h"
+#include "registry.h"
 
 #define SAMPLE_INTERVAL_S 10.0
 #define RECONNECT_MIN_MS 100
@@ -42,6 +44,12 @@ struct relay {
         struct db_outcome *outs;
         struct buf topic, value, scratch;
         struct encode_header hdrs[ENCODE_MAX_HEADERS];
+        /* the value serializer: OUTBOX_ENVELOPE_FIELDS, and for avro the
+         * encoder and (with OUTBOX_SCHEMA_REGISTRY_URL) the registry client */
+        struct encode_fields fields;
+        struct avroenc *avro;
+        struct registry *registry;
+        struct buf subject;
         double last_sample;
         int reconnect_ms;
 };
@@ -107,6 +115,19 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 snprintf(errstr, errstr_size, "out of memory");
                 goto fail;
         }
+        if (encode_fields_parse(cfg->envelope_fields, &r->fields, errstr, errstr_size) != 0)
+                goto fail;
+        if (cfg->serialization == SERIALIZATION_AVRO) {
+                r->avro = avroenc_new(cfg->value_format, &r->fields, errstr, errstr_size);
+                if (!r->avro)
+                        goto fail;
+                if (*cfg->schema_registry_url &&
+                    !(r->registry = registry_new(cfg->schema_registry_url, errstr, errstr_size)))
+                        goto fail;
+                log_info("relay", "avro value schema", "fingerprint=%016llx registry=%s",
+                         (unsigned long long)avroenc_fingerprint(r->avro),
+                         r->registry ? "yes" : "no");
+        }
         r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
         if (!r->kafka)
                 goto fail;
@@ -130,6 +151,9 @@ void relay_destroy(struct relay *r) {
         buf_free(&r->topic);
         buf_free(&r->value);
         buf_free(&r->scratch);
+        buf_free(&r->subject);
+        avroenc_destroy(r->avro);
+        registry_destroy(r->registry);
         free(r);
 }
 
@@ -158,19 +182,46 @@ static void produce_row(struct relay *r, size_t i) {
                 row_fail(st, 0, "ENCODE_FAILED", "out of memory");
                 return;
         }
-        int n = encode_headers(ev, cfg->producer_name, "application/json", NULL, r->hdrs,
-                               &r->scratch, err, sizeof err);
+        /* The schema id (subject <topic>-value) goes into a header; a
+         * tombstone has no value, so it needs no schema. */
+        int schema_id = -1;
+        char sid[16];
+        if (r->registry && ev->payload) {
+                const char *code;
+                buf_reset(&r->subject);
+                if (buf_appendf(&r->subject, "%s-value", st->topic) != 0) {
+                        row_fail(st, 0, "ENCODE_FAILED", "out of memory");
+                        return;
+                }
+                if (registry_schema_id(r->registry, r->subject.data, avroenc_schema_json(r->avro),
+                                       &schema_id, &code, err, sizeof err) != 0) {
+                        row_fail(st, 0, code, err); /* retriable, never DEAD at once */
+                        return;
+                }
+                snprintf(sid, sizeof sid, "%d", schema_id);
+        }
+        int n = encode_headers_fields(ev, cfg->producer_name,
+                                      r->avro ? "application/avro" : "application/json",
+                                      schema_id >= 0 ? sid : NULL, &r->fields, r->hdrs,
+                                      &r->scratch, err, sizeof err);
         if (n < 0) {
                 row_fail(st, 1, "INVALID_HEADERS", err);
                 return;
         }
         const void *value = NULL;
         size_t value_len = 0;
-        if (ev->payload && cfg->value_format == VALUE_PAYLOAD) {
+        if (ev->payload && r->avro) {
+                if (avroenc_encode(r->avro, ev, schema_id, &r->value, err, sizeof err) != 0) {
+                        row_fail(st, 1, "ENCODE_FAILED", err);
+                        return;
+                }
+                value = r->value.data;
+                value_len = r->value.len;
+        } else if (ev->payload && cfg->value_format == VALUE_PAYLOAD) {
                 value = ev->payload;
                 value_len = ev->payload_len;
         } else if (ev->payload) {
-                if (encode_envelope_json(ev, &r->value) != 0) {
+                if (encode_envelope_json_fields(ev, &r->fields, &r->value) != 0) {
                         row_fail(st, 0, "ENCODE_FAILED", "out of memory encoding the envelope");
                         return;
                 }

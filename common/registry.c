@@ -1,0 +1,238 @@
+/* registry.c - schema registry client: POST /subjects/<s>/versions, id cache. */
+#include "registry.h"
+
+#include <curl/curl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "encode.h"
+
+#define BUCKETS 256
+#define MAX_BODY (64 * 1024)
+
+struct entry {
+        struct entry *next;
+        uint64_t schema_hash;
+        int id;
+        char subject[];
+};
+
+struct registry {
+        char *url;        /* without a trailing '/' */
+        char redacted[512];
+        CURL *curl;
+        struct curl_slist *headers;
+        struct entry *buckets[BUCKETS];
+        double down_until;  /* monotonic seconds */
+        char down_reason[200];
+        unsigned long requests;
+};
+
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static uint64_t fnv1a(const char *s) {
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (; *s; s++)
+                h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+        return h;
+}
+
+struct registry *registry_new(const char *url, char *errstr, size_t errstr_size) {
+        if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) {
+                snprintf(errstr, errstr_size, "schema registry URL must start with http:// or https://");
+                return NULL;
+        }
+        struct registry *reg = calloc(1, sizeof *reg);
+        if (!reg || curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+                free(reg);
+                snprintf(errstr, errstr_size, "cannot initialise libcurl");
+                return NULL;
+        }
+        reg->url = strdup(url);
+        if (!reg->url)
+                goto oom;
+        size_t n = strlen(reg->url);
+        while (n > 0 && reg->url[n - 1] == '/')
+                reg->url[--n] = '\0';
+        config_redact_url(reg->url, reg->redacted, sizeof reg->redacted);
+        reg->curl = curl_easy_init();
+        reg->headers = curl_slist_append(NULL, "Content-Type: application/vnd.schemaregistry.v1+json");
+        struct curl_slist *h = reg->headers ? curl_slist_append(reg->headers,
+                "Accept: application/vnd.schemaregistry.v1+json, application/json") : NULL;
+        if (!reg->curl || !h)
+                goto oom;
+        reg->headers = h;
+        return reg;
+oom:
+        registry_destroy(reg);
+        snprintf(errstr, errstr_size, "out of memory");
+        return NULL;
+}
+
+void registry_destroy(struct registry *reg) {
+        if (!reg)
+                return;
+        for (int i = 0; i < BUCKETS; i++) {
+                for (struct entry *e = reg->buckets[i], *next; e; e = next) {
+                        next = e->next;
+                        free(e);
+                }
+        }
+        curl_slist_free_all(reg->headers);
+        if (reg->curl)
+                curl_easy_cleanup(reg->curl);
+        free(reg->url);
+        free(reg);
+        curl_global_cleanup();
+}
+
+unsigned long registry_requests(const struct registry *reg) { return reg->requests; }
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx) {
+        struct buf *b = ctx;
+        size_t n = size * nmemb;
+        if (b->len + n > MAX_BODY || buf_append(b, data, n) != 0)
+                return 0; /* aborts the transfer */
+        return n;
+}
+
+/* Finds the integer after "key": in a JSON object body; 0 if found. */
+static int json_int(const char *body, const char *key, long long *out) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "\"%s\"", key);
+        const char *p = strstr(body, pat);
+        if (!p)
+                return -1;
+        p += strlen(pat);
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+                p++;
+        if (*p++ != ':')
+                return -1;
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p)
+                return -1;
+        *out = v;
+        return 0;
+}
+
+/* Copies the "message" string of an error body (roughly, for the log). */
+static void json_message(const char *body, char *out, size_t size) {
+        const char *p = strstr(body, "\"message\"");
+        out[0] = '\0';
+        if (!p || !(p = strchr(p + 9, '"')))
+                return;
+        p++;
+        size_t i = 0;
+        while (*p && *p != '"' && i + 1 < size) {
+                if (*p == '\\' && p[1])
+                        p++;
+                out[i++] = *p++;
+        }
+        out[i] = '\0';
+}
+
+/* One POST; 0 with *id, or -1 with *code and errstr. */
+static int lookup(struct registry *reg, const char *subject, const char *schema_json, int *id,
+                  const char **code, char *errstr, size_t errstr_size) {
+        struct buf url = {0}, body = {0}, resp = {0};
+        char *esc = curl_easy_escape(reg->curl, subject, 0);
+        int rc = -1;
+        *code = "REGISTRY_UNAVAILABLE";
+        if (!esc || buf_appendf(&url, "%s/subjects/%s/versions", reg->url, esc) ||
+            buf_append(&body, "{\"schema\":", 10) || buf_append_json_string(&body, schema_json) ||
+            buf_append(&body, "}", 1)) {
+                snprintf(errstr, errstr_size, "out of memory");
+                goto done;
+        }
+        CURL *c = reg->curl;
+        curl_easy_reset(c);
+        curl_easy_setopt(c, CURLOPT_URL, url.data);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, reg->headers);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.data);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)body.len);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &resp);
+        curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)REGISTRY_TIMEOUT_MS);
+        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)REGISTRY_CONNECT_TIMEOUT_MS);
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+        reg->requests++;
+        CURLcode cc = curl_easy_perform(c);
+        if (cc != CURLE_OK) {
+                snprintf(errstr, errstr_size, "schema registry %s: %s", reg->redacted,
+                         curl_easy_strerror(cc));
+                goto done;
+        }
+        long status = 0;
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+        const char *text = resp.data ? resp.data : "";
+        long long v;
+        if (status == 200 && json_int(text, "id", &v) == 0 && v >= 0 && v <= INT32_MAX) {
+                *id = (int)v;
+                rc = 0;
+                goto done;
+        }
+        char msg[120];
+        json_message(text, msg, sizeof msg);
+        if (status < 500 && status != 429)
+                *code = "REGISTRY_REJECTED";
+        snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s", reg->redacted,
+                 subject, status, *msg ? ": " : "", msg);
+done:
+        curl_free(esc);
+        buf_free(&url);
+        buf_free(&body);
+        buf_free(&resp);
+        return rc;
+}
+
+int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json,
+                       int *id, const char **code, char *errstr, size_t errstr_size) {
+        uint64_t sh = fnv1a(schema_json);
+        struct entry **slot = &reg->buckets[fnv1a(subject) % BUCKETS];
+        for (struct entry **e = slot; *e; e = &(*e)->next) {
+                if (strcmp((*e)->subject, subject))
+                        continue;
+                if ((*e)->schema_hash == sh) {
+                        *id = (*e)->id;
+                        return 0;
+                }
+                struct entry *stale = *e; /* same subject, another schema */
+                *e = stale->next;
+                free(stale);
+                break;
+        }
+        if (reg->down_until > mono_s()) {
+                *code = "REGISTRY_UNAVAILABLE";
+                snprintf(errstr, errstr_size, "%s (not retried for %d ms)", reg->down_reason,
+                         REGISTRY_RETRY_MS);
+                return -1;
+        }
+        if (lookup(reg, subject, schema_json, id, code, errstr, errstr_size) != 0) {
+                if (!strcmp(*code, "REGISTRY_UNAVAILABLE")) {
+                        reg->down_until = mono_s() + REGISTRY_RETRY_MS / 1000.0;
+                        snprintf(reg->down_reason, sizeof reg->down_reason, "%s", errstr);
+                }
+                return -1;
+        }
+        reg->down_until = 0;
+        size_t n = strlen(subject);
+        struct entry *e = malloc(sizeof *e + n + 1);
+        if (e) { /* no memory: just not cached */
+                memcpy(e->subject, subject, n + 1);
+                e->schema_hash = sh;
+                e->id = *id;
+                e->next = *slot;
+                *slot = e;
+        }
+        return 0;
+}
