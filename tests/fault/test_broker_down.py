@@ -1,0 +1,116 @@
+"""Scenario 3 (G1, G2): every broker down for longer than the delivery timeout,
+then up. Rows go FAILED with a Kafka error code and a future available_at
+(exponential backoff with jitter, DESIGN.md step 4), then PUBLISHED; the
+relay does not spin while the broker is away."""
+import time
+import urllib.request
+
+from conftest import (DELIVERY_TIMEOUT_MS, check_audit, check_kafka, cpu_seconds, db_lag_s,
+                      relay_env, wait_quiet)
+from harness import Relay, free_port, make_events, wait_until
+
+BACKOFF_INITIAL_MS = 1000
+BACKOFF_MAX_MS = 4000
+DOWN_S = 11  # > 3 delivery timeouts of 3 s
+
+
+def readyz(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % port, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def expected_backoff_ms(attempt):
+    return min(BACKOFF_INITIAL_MS * 2 ** (attempt - 1), BACKOFF_MAX_MS)
+
+
+def test_broker_down_then_up(db, own_kafka, tmp_path, report):
+    kafka = own_kafka
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    port = free_port()
+    env = relay_env(db, kafka, "r-down", OUTBOX_BATCH_SIZE=100, OUTBOX_MAX_ATTEMPTS=50,
+                    OUTBOX_BACKOFF_INITIAL_MS=BACKOFF_INITIAL_MS,
+                    OUTBOX_BACKOFF_MAX_MS=BACKOFF_MAX_MS,
+                    OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
+    before = make_events(aggregates=50, versions=2, id_prefix="b")
+    db.insert_events(before)
+    with Relay("outbox-relay", name="r-down", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(before), 60,
+                   what="warm-up rows PUBLISHED")
+        wait_until(lambda: readyz(port) == 200, 10, what="/readyz 200 with the broker up")
+
+        kafka.down()
+        down_at = time.monotonic()
+        during = make_events(aggregates=50, versions=4, id_prefix="b")[len(before):]
+        during += make_events(aggregates=50, versions=2, id_prefix="d")
+        during_ids = set(db.insert_events(during))
+
+        first = wait_until(lambda: db.rows(where="status = 'FAILED'"), DELIVERY_TIMEOUT_MS / 1000 + 10,
+                           what="rows FAILED while the broker is down")
+        for r in first:
+            assert r["last_error_code"], r
+            assert r["available_at"] > r["updated_at"], ("available_at not in the future", r)
+            assert r["locked_by"] is None and r["attempt_count"] == 1
+        codes_first = sorted({r["last_error_code"] for r in first})
+        ready_down = wait_until(lambda: [c for c in [readyz(port)] if c != 200], 10,
+                                what="/readyz not 200 with the broker down")[0]
+
+        # CPU over the rest of the outage: timeouts, backoffs and polls, no spinning.
+        cpu0, t0 = cpu_seconds(relay.pid), time.monotonic()
+        time.sleep(max(0.0, DOWN_S - (t0 - down_at)))
+        cpu_share = (cpu_seconds(relay.pid) - cpu0) / (time.monotonic() - t0)
+        assert db.count("status = 'PUBLISHED' AND outbox_id = ANY(%s::uuid[])",
+                        (list(during_ids),)) == 0, "published with every broker down?"
+        kafka.up()
+        up_at = time.monotonic()
+        counts = wait_quiet(db, 60, "all rows PUBLISHED after the broker came back")
+        recovered_s = time.monotonic() - up_at
+        wait_until(lambda: readyz(port) == 200, 10, what="/readyz 200 again")
+        assert relay.stop() == 0
+    assert counts["PUBLISHED"] == len(before) + len(during), counts
+    assert cpu_share < 0.25, "relay used %.0f%% CPU with the broker down" % (cpu_share * 100)
+
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    assert all(r["attempt_count"] == audit.locks[r["outbox_id"]] for r in table)
+    retried = [r for r in table if r["outbox_id"] in during_ids and r["attempt_count"] >= 2]
+    assert retried, "rows of the outage were retried"
+    max_attempts = max(r["attempt_count"] for r in table)
+    assert max_attempts >= 3, "broker down for %ds: expected >= 3 attempts" % DOWN_S
+
+    # Backoff of every FAILED mark: available_at - mark time in [d/2, d], d =
+    # initial * 2^(attempt-1) capped at max; and no lock before available_at.
+    backoffs = {}
+    codes = set()
+    due_at = {}
+    for a in db.execute("SELECT *, outbox_id::text AS outbox_id FROM %s.lock_audit ORDER BY seq"
+                        % db.schema):
+        if a["new_status"] == "FAILED":
+            assert a["code"] and a["code"] != "STALE_LOCK", a
+            codes.add(a["code"])
+            delay_ms = (a["available_at"] - a["ts"]).total_seconds() * 1000
+            d = expected_backoff_ms(a["attempt_count"])
+            assert d / 2 - 300 <= delay_ms <= d + 5, (a["attempt_count"], delay_ms, d)
+            backoffs.setdefault(a["attempt_count"], []).append(delay_ms)
+            due_at[a["outbox_id"]] = a["available_at"]
+        elif a["new_status"] == "PUBLISHING" and a["outbox_id"] in due_at:
+            early = (due_at.pop(a["outbox_id"]) - a["ts"]).total_seconds()
+            assert early < 0.05, "locked %.3fs before available_at" % early
+
+    dup_ok = {oid for oid, n in audit.locks.items() if n > 1}
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=dup_ok)
+    assert not problems, problems
+    assert len(kc.ids) == len(table)
+    report("broker down %ds (delivery timeout %dms): first FAILED codes %s, all codes %s; "
+           "/readyz %d while down; relay CPU %.1f%% while down; %d rows retried, max "
+           "attempt_count %d; backoff ms by attempt %s; all %d PUBLISHED %.1fs after up; "
+           "kafka: %d messages, %d duplicates (retried rows only), order ok; max lag %.2fs "
+           "(kafka), %.2fs (table)",
+           DOWN_S, DELIVERY_TIMEOUT_MS, codes_first, sorted(codes), ready_down,
+           cpu_share * 100, len(retried), max_attempts,
+           {k: "%d-%d" % (min(v), max(v)) for k, v in sorted(backoffs.items())},
+           len(table), recovered_s, len(kc.msgs), kc.extra_copies, kc.max_lag_s, db_lag_s(db))
