@@ -142,3 +142,52 @@ Test(config, redacts_passwords) {
         config_redact_url("postgresql://u@db/app", out, sizeof out);
         cr_assert_str_eq(out, "postgresql://u@db/app");
 }
+
+Test(config, avro_registry_and_envelope_fields) {
+        setenv("OUTBOX_SERIALIZATION", "avro", 1);
+        setenv("OUTBOX_SCHEMA_REGISTRY_URL", "http://registry:8081", 1);
+        setenv("OUTBOX_ENVELOPE_FIELDS", "event_key:ek,headers_json.x-region:region", 1);
+        char *argv[] = {"outbox-relay"};
+        cr_assert_eq(load(1, argv), 0, "%s", err);
+        cr_assert_eq(cfg.serialization, SERIALIZATION_AVRO);
+        cr_assert_str_eq(cfg.schema_registry_url, "http://registry:8081");
+        cr_assert_str_eq(cfg.envelope_fields, "event_key:ek,headers_json.x-region:region");
+}
+
+Test(config, avro_and_envelope_field_errors_name_the_variable) {
+        struct { const char *var, *val, *want; } cases[] = {
+                {"OUTBOX_SERIALIZATION", "protobuf", "OUTBOX_SERIALIZATION: unknown value"},
+                {"OUTBOX_SCHEMA_REGISTRY_URL", "registry:8081",
+                 "OUTBOX_SCHEMA_REGISTRY_URL: must start with http://"},
+                {"OUTBOX_ENVELOPE_FIELDS", "nope", "OUTBOX_ENVELOPE_FIELDS: unknown source 'nope'"},
+                {"OUTBOX_ENVELOPE_FIELDS", "headers_json.x-region",
+                 "OUTBOX_ENVELOPE_FIELDS: 'x-region' is not a valid field name"},
+                {"OUTBOX_ENVELOPE_FIELDS", "event_key:payload",
+                 "OUTBOX_ENVELOPE_FIELDS: field name 'payload' is already an envelope key"},
+                {"OUTBOX_ENVELOPE_FIELDS", "event_key,headers_json.event_key",
+                 "OUTBOX_ENVELOPE_FIELDS: field name 'event_key' given twice"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                init();
+                setenv("OUTBOX_SERIALIZATION", "avro", 1);
+                setenv(cases[i].var, cases[i].val, 1);
+                char *argv[] = {"outbox-relay"};
+                cr_assert_eq(load(1, argv), -1, "%s=%s accepted", cases[i].var, cases[i].val);
+                cr_assert(strstr(err, cases[i].want), "got '%s', want '%s'", err, cases[i].want);
+                config_destroy(&cfg);
+        }
+        /* the registry is for avro only; envelope fields need an envelope */
+        init();
+        setenv("OUTBOX_SCHEMA_REGISTRY_URL", "http://r:8081", 1);
+        char *argv[] = {"outbox-relay"};
+        cr_assert_eq(load(1, argv), -1);
+        cr_assert(strstr(err, "OUTBOX_SCHEMA_REGISTRY_URL: set, but OUTBOX_SERIALIZATION is json"),
+                  "%s", err);
+        config_destroy(&cfg);
+        init();
+        setenv("OUTBOX_VALUE_FORMAT", "payload", 1);
+        setenv("OUTBOX_ENVELOPE_FIELDS", "event_key", 1);
+        cr_assert_eq(load(1, argv), -1);
+        cr_assert(strstr(err, "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is payload"), "%s",
+                  err);
+}
