@@ -1,0 +1,73 @@
+"""Scenario 4 (G1, G2): the database connection goes away under a working
+relay and sweeper: their backends are terminated (pg_terminate_backend)
+several times, then PostgreSQL is restarted. Both reconnect, the relay
+finishes, nothing is lost, order holds."""
+import time
+
+import pytest
+
+from conftest import (check_audit, check_kafka, db_lag_s, reconnect, relay_env, sweeper_env,
+                      wait_quiet)
+from harness import Relay, make_events, wait_until
+
+TERMINATIONS = 4
+
+
+def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
+    if not pg.restartable:
+        pytest.skip("needs OUTBOX_TEST_PG_DIR (or no OUTBOX_TEST_DATABASE_URL) to restart "
+                    "PostgreSQL")
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    kafka.set_rtt(20)  # keeps batches in flight long enough to be cut
+    rows = make_events(aggregates=100, versions=40, aggregate_type="Order")
+    db.insert_events(rows)
+    total = len(rows)
+    relay = Relay("outbox-relay", name="r-db", log_dir=tmp_path,
+                  env=relay_env(db, kafka, "r-db", OUTBOX_BATCH_SIZE=50))
+    sweeper = Relay("outbox-sweeper", name="sweeper-db", log_dir=tmp_path,
+                    env=sweeper_env(db, "sweeper-db", OUTBOX_LOCK_TIMEOUT_S=3))
+    terminated = []
+    try:
+        published = lambda: db.status_counts()["PUBLISHED"]  # noqa: E731
+        for i in range(TERMINATIONS):
+            target = total * (i + 1) // (TERMINATIONS + 3)
+            wait_until(lambda: published() >= target, 60, interval=0.02,
+                       what="progress before termination %d" % (i + 1))
+            n = pg.terminate_backends("outbox-relay")
+            terminated.append((published(), n))
+            assert n >= 1, "no relay backend to terminate"
+        wait_until(lambda: published() >= total * (TERMINATIONS + 1) // (TERMINATIONS + 3), 60,
+                   interval=0.05, what="progress before the restart")
+        at_restart = published()
+        pg.restart()
+        reconnect(db)
+        counts = wait_quiet(db, 120, "the relay to finish after the restart")
+        assert relay.running(), relay.log_text()[-3000:]
+        assert sweeper.running(), sweeper.log_text()[-3000:]
+        # both logged the loss and came back
+        log = relay.log_text()
+        assert log.count('msg="connected"') >= TERMINATIONS + 2, log[-3000:]
+        wait_until(lambda: sweeper.log_text().count('msg="connected"') >= 2, 30,
+                   what="sweeper reconnected after the restart")
+    finally:
+        kafka.set_rtt(0)
+        rc_relay = relay.stop()
+        rc_sweeper = sweeper.stop()
+    assert (rc_relay, rc_sweeper) == (0, 0)
+    assert counts["PUBLISHED"] == total, counts
+
+    table = db.rows()
+    audit = check_audit(db, lock_timeout_s=3)
+    assert not audit.violations, audit.violations[:10]
+    resets = sum(audit.stale_resets.values())
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    assert len(kc.ids) == total
+    report("%d events; %d pg_terminate_backend rounds (published so far, backends killed): %s; "
+           "restart at %d published; relay reconnected %d times; sweeper reset %d stale "
+           "locks; all PUBLISHED; kafka: %d messages, %d duplicates (after STALE_LOCK only), "
+           "order ok; max lag %.2fs (kafka), %.2fs (table)",
+           total, len(terminated), terminated, at_restart,
+           relay.log_text().count('msg="connected"') - 1, resets, len(kc.msgs),
+           kc.extra_copies, kc.max_lag_s, db_lag_s(db))
