@@ -1,0 +1,89 @@
+"""Scenario 5 (G4): poison rows go DEAD with the right code and stop their
+own aggregate only: a payload over message.max.bytes (MSG_SIZE_TOO_LARGE),
+headers_json that is not an object (INVALID_HEADERS), and a row whose
+retriable failures exhaust OUTBOX_MAX_ATTEMPTS (its last Kafka error)."""
+from conftest import check_audit, check_kafka, relay_env
+from harness import Relay, make_events, wait_until
+
+MAX_ATTEMPTS = 2
+
+
+def row(agg, v, **kw):
+    r = {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": v,
+         "event_type": "E", "payload_json": {"agg": agg, "v": v}}
+    r.update(kw)
+    return r
+
+
+def test_poison_rows_dead_and_isolated(db, own_kafka, tmp_path, report):
+    kafka = own_kafka
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    poison = [row("big", 1, payload_json={"pad": "x" * 1_100_000}), row("big", 2), row("big", 3),
+              row("hdr", 1, headers_json="[1, 2]"), row("hdr", 2),
+              row("hdr2", 1, headers_json='"just text"'), row("hdr2", 2)]
+    healthy = make_events(aggregates=30, versions=3, id_prefix="ok")
+    db.insert_events(poison + healthy)
+    env = relay_env(db, kafka, "r-poison", OUTBOX_MAX_ATTEMPTS=MAX_ATTEMPTS,
+                    OUTBOX_BATCH_SIZE=50)
+    with Relay("outbox-relay", name="r-poison", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["DEAD"] == 3 and
+                   db.status_counts()["PUBLISHED"] == len(healthy), 60,
+                   what="3 poison rows DEAD, healthy rows PUBLISHED")
+        # A retriable failure on every attempt: the broker is away while the
+        # row is tried MAX_ATTEMPTS times.
+        kafka.down()
+        db.insert_events([row("tired", 1), row("tired", 2)])
+        wait_until(lambda: db.count("aggregate_id = 'tired' AND status = 'DEAD'") == 1, 60,
+                   what="the row out of attempts DEAD")
+        kafka.up()
+        # Everything else keeps flowing: later versions of healthy aggregates and
+        # new aggregates, inserted after the deaths.
+        more = make_events(aggregates=30, versions=5, id_prefix="ok")[len(healthy):]
+        more += make_events(aggregates=10, versions=2, id_prefix="new")
+        db.insert_events(more)
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(healthy) + len(more), 60,
+                   what="healthy aggregates PUBLISHED after the poison")
+        assert relay.stop() == 0
+
+    dead = {(r["aggregate_id"], r["aggregate_version"]): r
+            for r in db.rows(where="status = 'DEAD'")}
+    assert set(dead) == {("big", 1), ("hdr", 1), ("hdr2", 1), ("tired", 1)}, set(dead)
+    assert dead[("big", 1)]["last_error_code"] == "MSG_SIZE_TOO_LARGE"
+    assert dead[("hdr", 1)]["last_error_code"] == "INVALID_HEADERS"
+    assert dead[("hdr2", 1)]["last_error_code"] == "INVALID_HEADERS"
+    for k in (("big", 1), ("hdr", 1), ("hdr2", 1)):
+        assert dead[k]["attempt_count"] == 1, ("permanent errors are not retried", dead[k])
+    tired = dead[("tired", 1)]
+    assert tired["attempt_count"] == MAX_ATTEMPTS
+    assert tired["last_error_code"] in ("_MSG_TIMED_OUT", "_PURGE_QUEUE", "_TRANSPORT"), tired
+    assert "attempt %d of %d" % (MAX_ATTEMPTS, MAX_ATTEMPTS) in tired["last_error_message"]
+    for r in dead.values():
+        assert r["last_error_message"] and "xxxxxxxx" not in r["last_error_message"]
+        assert r["locked_by"] is None
+
+    blocked = db.rows(where="aggregate_id IN ('big', 'hdr', 'hdr2', 'tired') "
+                            "AND aggregate_version > 1")
+    assert [r["status"] for r in blocked] == ["PENDING"] * 5, blocked
+    assert all(r["attempt_count"] == 0 for r in blocked), "blocked rows were never locked"
+    others = db.rows(where="aggregate_id NOT IN ('big', 'hdr', 'hdr2', 'tired')")
+    assert all(r["status"] == "PUBLISHED" for r in others)
+
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, [topic], table,
+                               dup_allowed={o for o, n in audit.locks.items() if n > 1})
+    assert not problems, problems
+    poisoned_keys = {m["key"] for m in kc.msgs} & {"big", "hdr", "hdr2", "tired"}
+    assert not poisoned_keys, poisoned_keys
+    assert len(kc.ids) == len(others)
+    assert "x" * 1000 not in relay.log_text(), "payload in the log"
+    report("DEAD: big/1 %s, hdr/1 %s, hdr2/1 %s (1 attempt each), tired/1 %s after %d "
+           "attempts; 5 later versions of those aggregates PENDING, never locked; %d rows of "
+           "%d other aggregates PUBLISHED (incl. %d inserted after the deaths); kafka: %d "
+           "messages, none of the poisoned aggregates, order ok",
+           dead[("big", 1)]["last_error_code"], dead[("hdr", 1)]["last_error_code"],
+           dead[("hdr2", 1)]["last_error_code"], tired["last_error_code"],
+           tired["attempt_count"], len(others), len({r["aggregate_id"] for r in others}),
+           len(more), len(kc.msgs))

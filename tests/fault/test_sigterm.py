@@ -1,0 +1,96 @@
+"""Scenario 6 (G5): SIGTERM while a batch is in flight. The relay stops
+locking, waits for the batch's delivery reports (bounded by the delivery
+timeout), marks every row and exits 0, leaving no PUBLISHING row of its own.
+Once with a slow broker (the batch completes), once with the broker gone
+(the batch fails and is marked FAILED)."""
+import datetime
+import signal
+import time
+
+from conftest import DELIVERY_TIMEOUT_MS, check_audit, check_kafka, relay_env
+from harness import Relay, make_events, wait_until
+
+# Beyond the delivery timeout: marking the batch and closing down.
+GRACE_S = 2.0
+
+
+def sigterm_in_flight(db, kafka, tmp_path, rid, relay=None):
+    """Starts a relay (unless given), waits until it holds a batch, SIGTERMs
+    it; returns (exit code, seconds to exit, rows it held, wall time of the
+    signal, relay)."""
+    relay = relay or Relay("outbox-relay", name=rid, log_dir=tmp_path,
+                           env=relay_env(db, kafka, rid, OUTBOX_BATCH_SIZE=500))
+    try:
+        held = wait_until(lambda: db.count("status = 'PUBLISHING' AND locked_by = %s", (rid,)),
+                          30, interval=0.01, what="%s holding a batch" % rid)
+        sent_wall = datetime.datetime.now(datetime.timezone.utc)
+        t0 = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        rc = relay.wait(DELIVERY_TIMEOUT_MS / 1000 + 30)
+        return rc, time.monotonic() - t0, held, sent_wall, relay
+    finally:
+        if relay.running():
+            relay.kill()
+
+
+def locks_after(db, rid, when):
+    return db.execute("SELECT count(*) AS n FROM %s.lock_audit WHERE new_status = 'PUBLISHING' "
+                      "AND new_locked_by = %%s AND ts > %%s" % db.schema,
+                      (rid, when + datetime.timedelta(seconds=0.1)))[0]["n"]
+
+
+def test_sigterm_during_slow_batch(db, kafka, tmp_path, report):
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    db.insert_events(make_events(aggregates=400, versions=5, aggregate_type="Order"))
+    kafka.set_rtt(300)  # every produce round trip is slow: the batch stays in flight
+    try:
+        rc, took, held, sent, relay = sigterm_in_flight(db, kafka, tmp_path, "r-term")
+    finally:
+        kafka.set_rtt(0)
+    assert rc == 0, relay.log_text()[-2000:]
+    assert took < DELIVERY_TIMEOUT_MS / 1000 + GRACE_S, took
+    assert db.count("status = 'PUBLISHING'") == 0
+    assert locks_after(db, "r-term", sent) == 0, "locked rows after SIGTERM"
+    c = db.status_counts()
+    assert c["PUBLISHED"] > 0 and c["PUBLISHED"] + c["FAILED"] >= held, (c, held)
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
+    assert not problems, problems
+    report("slow broker (rtt 300ms): SIGTERM with %d rows held -> exit %d after %.2fs "
+           "(delivery timeout %.1fs); 0 PUBLISHING left, no lock after the signal; %d "
+           "PUBLISHED, all on kafka (%d messages, 0 duplicates)", held, rc, took,
+           DELIVERY_TIMEOUT_MS / 1000, c["PUBLISHED"], len(kc.msgs))
+
+
+def test_sigterm_with_broker_down(db, own_kafka, tmp_path, report):
+    kafka = own_kafka
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    warm = make_events(aggregates=10, versions=1, aggregate_type="Order")
+    db.insert_events(warm)
+    # A relay that was publishing (producer id, connections) loses its broker.
+    relay = Relay("outbox-relay", name="r-down", log_dir=tmp_path,
+                  env=relay_env(db, kafka, "r-down", OUTBOX_BATCH_SIZE=500))
+    wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 30, what="warm-up")
+    kafka.down()
+    db.insert_events(make_events(aggregates=300, versions=2, aggregate_type="Order",
+                                 id_prefix="d"))
+    rc, took, held, sent, relay = sigterm_in_flight(db, kafka, tmp_path, "r-down", relay)
+    kafka.up()
+    assert rc == 0, relay.log_text()[-2000:]
+    assert took < DELIVERY_TIMEOUT_MS / 1000 + GRACE_S, \
+        "exit took %.2fs with a %.1fs delivery timeout" % (took, DELIVERY_TIMEOUT_MS / 1000)
+    assert db.count("status = 'PUBLISHING'") == 0
+    assert locks_after(db, "r-down", sent) == 0, "locked rows after SIGTERM"
+    failed = db.rows(where="status = 'FAILED'")
+    assert len(failed) == held, (len(failed), held)
+    assert all(r["last_error_code"] and r["available_at"] > r["updated_at"] for r in failed)
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    report("broker down: SIGTERM with %d rows held -> exit %d after %.2fs (delivery timeout "
+           "%.1fs); all %d FAILED (%s) with a future available_at, 0 PUBLISHING",
+           held, rc, took, DELIVERY_TIMEOUT_MS / 1000, len(failed),
+           sorted({r["last_error_code"] for r in failed}))
