@@ -238,12 +238,19 @@ static void produce_row(struct relay *r, size_t i) {
                 metrics_observe(M_EVENT_SIZE, (double)value_len);
 }
 
+/* librdkafka's own message timeout may report up to about a second late
+ * (timeout scans); messages sent just before every broker went away are not
+ * timed out at all by the idempotent producer until it reconnects. Past the
+ * delivery timeout plus this slack the batch is purged, so a batch (and a
+ * SIGTERM) waits at most about the delivery timeout. */
+#define DELIVERY_SLACK_MS 1000
+
 /* Waits for every delivery report of the batch (bounded by the delivery
  * timeout), then handles a fatal producer error: acknowledged rows stay
  * acknowledged, the rest fail and the producer is rebuilt. */
 static int await_reports(struct relay *r) {
         char err[512];
-        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + 5000);
+        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS);
         for (size_t i = 0; i < r->batch.count; i++)
                 if (!r->rows[i].done)
                         row_fail(&r->rows[i], 0, "_TIMED_OUT", "no delivery report in time");
