@@ -102,6 +102,7 @@ def relay_env(db, kafka, relay_id, **extra):
                     OUTBOX_KAFKA_BOOTSTRAP_SERVERS=kafka.bootstrap,
                     OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=DELIVERY_TIMEOUT_MS,
                     OUTBOX_POLL_INTERVAL_MS=100,
+                    OUTBOX_KAFKA_RECONNECT_BACKOFF_MAX_MS=1000,
                     OUTBOX_BACKOFF_INITIAL_MS=200,
                     OUTBOX_BACKOFF_MAX_MS=1000,
                     OUTBOX_TOPIC_TEMPLATE="%s.{aggregate_type}" % db.schema)
