@@ -1,5 +1,5 @@
-/* avro.c - Avro value of a row: schema, canonical form, fingerprint, framing. */
-#include "avro.h"
+/* avroenc.c - Avro value of a row: schema, canonical form, fingerprint, framing. */
+#include "avroenc.h"
 
 #include <avro/errors.h>
 #include <avro/generic.h>

@@ -1,10 +1,8 @@
-/* avro.h - the Avro form of a row's value (OUTBOX_SERIALIZATION=avro), with
+/* avroenc.h - the Avro form of a row's value (OUTBOX_SERIALIZATION=avro), with
  * avro-c. Encoding only: the schema registry client is registry.h.
  *
  * Functions are prefixed avroenc_ because avro_ is avro-c's own namespace
- * (it already exports avro_codec_*). This header includes no avro-c header:
- * include avro-c's parts as <avro/schema.h> etc., never <avro.h>, in files
- * that see common/ on their include path (this header shadows it).
+ * (it already exports avro_codec_*). This header includes no avro-c header.
  *
  * Value schemas:
  *  - OUTBOX_VALUE_FORMAT=envelope: schemas/avro/outbox_envelope.avsc (compiled
@@ -18,8 +16,8 @@
  * CRC-64-AVRO fingerprint of the schema's Parsing Canonical Form, the datum)
  * without a registry, or the Confluent wire format (00, 4-byte big-endian
  * schema id, the datum) with one. */
-#ifndef OUTBOX_AVRO_H
-#define OUTBOX_AVRO_H
+#ifndef OUTBOX_AVROENC_H
+#define OUTBOX_AVROENC_H
 
 #include <stddef.h>
 #include <stdint.h>

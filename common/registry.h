@@ -1,5 +1,5 @@
 /* registry.h - Confluent schema registry client over libcurl (the only module
- * that includes curl). It knows nothing of Avro encoding (avro.h).
+ * that includes curl). It knows nothing of Avro encoding (avroenc.h).
  *
  * registry_schema_id() registers (or finds: the call is idempotent on the
  * registry) a schema under a subject with POST <url>/subjects/<subject>/versions

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "avro.h"
+#include "avroenc.h"
 #include "db.h"
 #include "encode.h"
 #include "kafka.h"
@@ -290,7 +290,10 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
                         continue;
                 }
-                if (st->permanent || ev->attempt_count >= cfg->max_attempts) {
+                /* An unreachable schema registry says nothing about the row:
+                 * it never uses up attempts (issue 5: registry down, never DEAD). */
+                int counts = !st->code || strcmp(st->code, "REGISTRY_UNAVAILABLE") != 0;
+                if (st->permanent || (counts && ev->attempt_count >= cfg->max_attempts)) {
                         o->status = DB_DEAD;
                         if (!st->permanent) {
                                 char why[sizeof st->message];

@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "avro.h"
+#include "avroenc.h"
 #include "config.h"
 
 static struct buf b;
