@@ -1,0 +1,557 @@
+#!/usr/bin/python3
+"""tests/bench/bench.py - the six measurements of issue 6, one run, one table.
+
+Run through tests/bench/run (it builds the programs first). Starts its own
+throwaway PostgreSQL (deploy/local/pg, never the test suite's server) and one
+outbox-mockbroker per scenario; everything is measured in this one run:
+
+  1 ceiling   the relay's own lock/mark statements (outbox-bench-sqlcycle,
+              linked to outbox-common) draining the backlog, 1 and 2 clients
+  2 relay     outbox-relay draining the same backlog, 1 and 2 instances
+  3 backlog   time to lock one batch with 10k and with 1M pending rows
+  4 latency   steady 1k events/s of single-row insert transactions, commit -> ack
+  5 rss       relay VmRSS/VmHWM during the relay runs
+  6 hot       200k events over 10 aggregates
+
+fsync off first, then the server is restarted with fsync on and rows 1, 2
+(and 4) are measured again. Rates are rows / (max(published_at) -
+min(last_attempt_at)) read from the table, the same formula for the ceiling
+and the relay, so process start-up is not counted for either.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+os.environ.pop("OUTBOX_TEST_DATABASE_URL", None)  # never the test suite's server
+
+import harness  # noqa: E402
+import psycopg2  # noqa: E402
+
+TOPIC = "outbox.event.Order"  # OUTBOX_TOPIC_TEMPLATE default with aggregate_type Order
+PAYLOAD_BYTES = 500
+
+
+def log(msg):
+    print("bench: %s" % msg, file=sys.stderr, flush=True)
+
+
+def loadavg():
+    return "%.2f %.2f %.2f" % os.getloadavg()
+
+
+def pct(values, q):
+    """Nearest-rank percentile of a sorted list."""
+    if not values:
+        return float("nan")
+    k = max(0, min(len(values) - 1, int(round(q / 100.0 * len(values) + 0.5)) - 1))
+    return values[k]
+
+
+# ---------------------------------------------------------------- database
+
+class Db:
+    def __init__(self, pg):
+        self.pg = pg
+        self.schemas = []
+
+    def new_table(self, name):
+        s = harness.TestSchema(self.pg, name)
+        self.schemas.append(s)
+        return s
+
+    def load(self, s, n, aggregates, payload_bytes=PAYLOAD_BYTES, chunk=50000):
+        """n rows, round robin over `aggregates` aggregates (version = g / aggregates
+        + 1), ~payload_bytes of JSON each; due times 1 us apart in insert order, in
+        the past. ANALYZE and CHECKPOINT after, so both are outside the runs."""
+        t0 = time.monotonic()
+        # Fixed part of the payload is ~150 bytes; the note pads it with hex
+        # (md5 of the row number: half compressible, like real ids/text).
+        pad = max(0, payload_bytes - 150)
+        sql = """
+        INSERT INTO {t} (aggregate_type, aggregate_id, aggregate_version, event_type,
+                         payload_json, occurred_at, available_at, created_at)
+        SELECT 'Order', 'order-' || (g %% %(a)s), g / %(a)s + 1, 'OrderChanged',
+               jsonb_build_object('order_id', 'order-' || (g %% %(a)s), 'seq', g,
+                   'status', 'CONFIRMED', 'currency', 'EUR', 'amount', (g %% 100000) / 100.0,
+                   'customer', jsonb_build_object('id', 'c-' || (g %% 7919), 'tier', 'gold'),
+                   'note', left(repeat(md5(g::text), 40), %(pad)s)),
+               ts, ts, ts
+        FROM (SELECT g, now() - interval '1 hour' + g * interval '1 microsecond' AS ts
+              FROM generate_series(%(lo)s, %(hi)s) g) x
+        """.format(t=s.table)
+        with s.conn.cursor() as cur:
+            for lo in range(0, n, chunk):
+                hi = min(n, lo + chunk) - 1
+                cur.execute(sql, {"a": aggregates, "pad": pad, "lo": lo, "hi": hi})
+            cur.execute("ANALYZE %s" % s.table)
+            cur.execute("CHECKPOINT")
+            cur.execute("SELECT avg(octet_length(payload_json::text)) FROM %s" % s.table)
+            avg = float(cur.fetchone()[0])
+        log("loaded %d rows (%d aggregates, payload %.0f B) in %.1fs"
+            % (n, aggregates, avg, time.monotonic() - t0))
+        return avg
+
+    @staticmethod
+    def drain_stats(s):
+        """(published rows, seconds between first lock and last mark)."""
+        r = s.execute("SELECT count(*) AS n, extract(epoch FROM max(published_at)"
+                      " - min(last_attempt_at))::float8 AS secs FROM %s"
+                      " WHERE status = 'PUBLISHED'" % s.table)[0]
+        return r["n"], r["secs"] or 0.0
+
+    def drop_all(self):
+        for s in self.schemas:
+            try:
+                s.drop()
+            except Exception as e:  # server restarted in between: not fatal
+                log("drop %s: %s" % (s.schema, e))
+        self.schemas = []
+
+
+# ---------------------------------------------------------------- relay processes
+
+class RssSampler(threading.Thread):
+    def __init__(self, pids, interval=0.05):
+        super().__init__(daemon=True)
+        self.pids, self.interval = pids, interval
+        self.max_rss_kb = dict.fromkeys(pids, 0)
+        self.hwm_kb = dict.fromkeys(pids, 0)
+        self.stop_ev = threading.Event()
+
+    @staticmethod
+    def read(pid):
+        out = {}
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                for line in f:
+                    if line.startswith(("VmRSS:", "VmHWM:")):
+                        k, v = line.split(":", 1)
+                        out[k] = int(v.split()[0])
+        except OSError:
+            pass
+        return out
+
+    def sample(self):
+        for pid in self.pids:
+            st = self.read(pid)
+            self.max_rss_kb[pid] = max(self.max_rss_kb[pid], st.get("VmRSS", 0))
+            self.hwm_kb[pid] = max(self.hwm_kb[pid], st.get("VmHWM", 0))
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            self.sample()
+            self.stop_ev.wait(self.interval)
+
+    def stop(self):
+        self.sample()  # VmHWM just before the relays exit
+        self.stop_ev.set()
+        self.join()
+
+
+def scrape(port):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+        return r.read().decode()
+
+
+def metric_sum(text, name):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def histogram(text, name):
+    """[(le, cumulative count)] of a Prometheus histogram (no labels)."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r'%s_bucket\{le="([^"]+)"\} (\S+)' % re.escape(name), line)
+        if m:
+            le = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            out.append((le, float(m.group(2))))
+    return sorted(out)
+
+
+def hist_quantile(buckets, q):
+    """histogram_quantile() as Prometheus computes it (linear within a bucket)."""
+    if not buckets or buckets[-1][1] == 0:
+        return float("nan")
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 0)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+class Relays:
+    """n outbox-relay processes on one table, each with its own /metrics port."""
+
+    def __init__(self, bench, s, n, broker, name, extra_env=None):
+        self.ports, self.procs = [], []
+        for i in range(n):
+            port = harness.free_port()
+            env = {**s.env(), "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+                   "OUTBOX_HTTP_ADDR": "127.0.0.1:%d" % port, "OUTBOX_LOG_LEVEL": "warn",
+                   "OUTBOX_LOG_FORMAT": "text", "OUTBOX_RELAY_ID": "%s-%d" % (name, i),
+                   "OUTBOX_BATCH_SIZE": str(bench.batch), **(extra_env or {})}
+            self.procs.append(harness.Relay(bench.relay_bin, env=env, log_dir=bench.out_dir,
+                                            name="%s-%d" % (name, i)))
+            self.ports.append(port)
+        self.rss = RssSampler([p.pid for p in self.procs])
+        self.rss.start()
+        for port, p in zip(self.ports, self.procs):
+            harness.wait_until(lambda: p.running() and scrape(port), 15,
+                               what="relay /metrics on %d" % port)
+
+    def published(self):
+        return sum(metric_sum(scrape(p), "outbox_events_published_total") for p in self.ports)
+
+    def metric(self, name):
+        return sum(metric_sum(scrape(p), name) for p in self.ports)
+
+    def wait_published(self, n, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(not p.running() for p in self.procs):
+                raise RuntimeError("a relay exited: %s" % self.procs[0].log_text()[-2000:])
+            if self.published() >= n:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def stop(self):
+        self.rss.stop()
+        codes = [p.stop(timeout=60) for p in self.procs]
+        if any(codes):
+            raise RuntimeError("relay exit codes %s" % codes)
+        return {"rss_max_mib": max(self.rss.max_rss_kb.values()) / 1024.0,
+                "hwm_mib": max(self.rss.hwm_kb.values()) / 1024.0}
+
+
+def broker_counts(bootstrap, topic):
+    """(messages retained in the broker, messages ever appended) over all partitions."""
+    from kafka import KafkaConsumer, TopicPartition
+    c = KafkaConsumer(bootstrap_servers=bootstrap, api_version=(2, 0, 0))
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
+        beg, end = c.beginning_offsets(parts), c.end_offsets(parts)
+        return sum(end[p] - beg[p] for p in parts), sum(end.values())
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------- scenarios
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.build = os.path.abspath(args.build)
+        self.relay_bin = args.relay or find_bin(self.build, "relay/outbox-relay")
+        self.mock_bin = find_bin(self.build, "deploy/local/outbox-mockbroker")
+        self.sqlcycle = find_bin(self.build, "outbox-bench-sqlcycle",
+                                 "tests/bench/outbox-bench-sqlcycle")
+        self.out_dir = os.path.abspath(args.out)
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.batch = args.batch
+        self.n = args.events
+        self.results = {"machine": machine(), "batch": self.batch, "events": self.n,
+                        "relay": self.relay_bin, "runs": []}
+        os.environ["PG_FSYNC"] = "off"
+        self.pg = harness.Postgres()  # its own server in a temporary directory
+        self.db = Db(self.pg)
+
+    def record(self, **kw):
+        kw["load"] = loadavg()
+        kw["fsync"] = os.environ["PG_FSYNC"]
+        self.results["runs"].append(kw)
+        log("result %s" % json.dumps(kw))
+        return kw
+
+    def broker(self, partitions):
+        return harness.MockBroker(["%s:%d" % (TOPIC, partitions)], log_dir=self.out_dir,
+                                  binary=self.mock_bin)
+
+    def set_fsync(self, on):
+        os.environ["PG_FSYNC"] = "on" if on else "off"
+        self.pg.restart()
+        with self.pg.connect() as c, c.cursor() as cur:
+            cur.execute("SHOW fsync")
+            log("fsync is now %s" % cur.fetchone()[0])
+
+    # 1
+    def ceiling(self, clients):
+        s = self.db.new_table("ceil%d" % clients)
+        self.db.load(s, self.n, self.args.aggregates)
+        load = loadavg()
+        r = subprocess.run([self.sqlcycle, "drain", self.pg.url, s.table, str(self.batch),
+                            str(clients), str(self.n)], capture_output=True, text=True,
+                           timeout=600)
+        if r.returncode:
+            raise RuntimeError("sqlcycle: %s" % r.stderr)
+        kv = dict(x.split("=", 1) for x in r.stdout.split())
+        n, secs = self.db.drain_stats(s)
+        s.drop()
+        return self.record(row="ceiling", clients=clients, rows=n, seconds=secs,
+                           rows_per_s=n / secs, load_before=load,
+                           wall_rows_per_s=float(kv["rows_per_s"]),
+                           lock_ms_avg=float(kv["lock_ms_avg"]),
+                           mark_ms_avg=float(kv["mark_ms_avg"]))
+
+    # 2 and 5
+    def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None):
+        n = n or self.n
+        aggregates = aggregates or self.args.aggregates
+        s = self.db.new_table("%s%d" % (name, instances))
+        self.db.load(s, n, aggregates)
+        with self.broker(self.args.partitions) as kafka:
+            load = loadavg()
+            t0 = time.monotonic()
+            rel = Relays(self, s, instances, kafka, name)
+            try:
+                done = rel.wait_published(n, time_box or 600)
+                batches = rel.metric("outbox_batches_total")
+                failed = rel.metric("outbox_events_failed_total")
+            finally:
+                mem = rel.stop()
+            wall = time.monotonic() - t0
+            pub, secs = self.db.drain_stats(s)
+            retained, appended = broker_counts(kafka.bootstrap, TOPIC)
+        s.drop()
+        res = dict(row=name, instances=instances, aggregates=aggregates, events=n,
+                   rows=pub, seconds=secs, rows_per_s=pub / secs if secs else 0,
+                   complete=bool(done), wall_s=wall, batches=batches,
+                   avg_batch=pub / batches if batches else 0, failed=failed,
+                   broker_retained=retained, broker_appended=appended, load_before=load, **mem)
+        if done and retained < pub:
+            log("WARNING: broker retained %d of %d messages (per-partition retention)"
+                % (retained, pub))
+        return self.record(**res)
+
+    # 3
+    def backlog(self, rows):
+        s = self.db.new_table("backlog%d" % rows)
+        self.db.load(s, rows, self.args.aggregates)
+        load = loadavg()
+        r = subprocess.run([self.sqlcycle, "lock", self.pg.url, s.table, str(self.batch),
+                            str(self.args.lock_reps)], capture_output=True, text=True,
+                           timeout=600)
+        if r.returncode:
+            raise RuntimeError("sqlcycle: %s" % r.stderr)
+        kv = {k: float(v) for k, v in (x.split("=", 1) for x in r.stdout.split())}
+        s.drop()
+        return self.record(row="backlog", pending=rows, load_before=load, **kv)
+
+    # 4
+    def latency(self, rate, seconds):
+        s = self.db.new_table("latency")
+        with self.broker(self.args.partitions) as kafka:
+            rel = Relays(self, s, 1, kafka, "latency")
+            try:
+                time.sleep(1.0)  # producer connected, relay idle in its NOTIFY wait
+                load = loadavg()
+                commits = self.insert_steady(s, rate, seconds)
+                total = len(commits)
+                ok = rel.wait_published(total, 60)
+                text = scrape(rel.ports[0])
+            finally:
+                mem = rel.stop()
+        rows = s.execute("SELECT outbox_id::text AS id,"
+                         " extract(epoch FROM published_at)::float8 AS pub,"
+                         " extract(epoch FROM occurred_at)::float8 AS occ FROM %s"
+                         " WHERE status = 'PUBLISHED'" % s.table)
+        s.drop()
+        commit_lat = sorted((r["pub"] - commits[r["id"]]) * 1e3 for r in rows if r["id"] in commits)
+        occ_lat = sorted((r["pub"] - r["occ"]) * 1e3 for r in rows)
+        h = histogram(text, "outbox_publish_latency_seconds")
+        span = max(commits.values()) - min(commits.values())
+        return self.record(row="latency", offered_per_s=rate, events=total,
+                           achieved_per_s=total / span if span else 0, complete=ok,
+                           p50_ms=pct(commit_lat, 50), p99_ms=pct(commit_lat, 99),
+                           max_ms=commit_lat[-1] if commit_lat else None,
+                           occ_p50_ms=pct(occ_lat, 50), occ_p99_ms=pct(occ_lat, 99),
+                           hist_p50_ms=hist_quantile(h, 0.5) * 1e3,
+                           hist_p99_ms=hist_quantile(h, 0.99) * 1e3,
+                           load_before=load, **mem)
+
+    def insert_steady(self, s, rate, seconds):
+        """Single-row insert transactions at `rate`/s for `seconds`; returns
+        {outbox_id: wall time when COMMIT returned}."""
+        conn = psycopg2.connect(self.pg.url)
+        commits = {}
+        sql = ("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+               " payload_json) VALUES ('Order', %%s, %%s, 'OrderChanged', %%s::jsonb)"
+               " RETURNING outbox_id::text" % s.table)
+        payload = json.dumps({"status": "CONFIRMED", "note": "x" * (PAYLOAD_BYTES - 40)})
+        n = int(rate * seconds)
+        aggs = self.args.aggregates
+        t0 = time.monotonic()
+        with conn.cursor() as cur:
+            for i in range(n):
+                due = t0 + i / rate
+                d = due - time.monotonic()
+                if d > 0:
+                    time.sleep(d)
+                cur.execute(sql, ("order-%d" % (i % aggs), i // aggs + 1, payload))
+                oid = cur.fetchone()[0]
+                conn.commit()
+                commits[oid] = time.time()
+        conn.close()
+        return commits
+
+    def close(self):
+        self.db.drop_all()
+        self.pg.close()
+
+
+def find_bin(build, *rels):
+    """A program of the standalone bench build (top level under outbox/) or of
+    a top-level build."""
+    for rel in rels:
+        for base in (build, os.path.join(build, "outbox")):
+            p = os.path.join(base, rel)
+            if os.access(p, os.X_OK):
+                return p
+    raise RuntimeError("%s not built under %s" % (rels[0], build))
+
+
+def machine():
+    info = {"nproc": os.cpu_count(), "kernel": os.uname().release}
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            info["cpu"] = m.group(1) if m else "?"
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 1048576, 1)
+    except OSError:
+        pass
+    return info
+
+
+# ---------------------------------------------------------------- table
+
+def table(res):
+    runs = res["runs"]
+    out = []
+
+    def find(**kw):
+        return [r for r in runs if all(r.get(k) == v for k, v in kw.items())]
+
+    def one(**kw):
+        f = find(**kw)
+        return f[-1] if f else None
+
+    out.append("| # | measurement | fsync | result | target | load (1/5/15 min) |")
+    out.append("|---|---|---|---|---|---|")
+    for fs in ("off", "on"):
+        for c in (1, 2):
+            r = one(row="ceiling", clients=c, fsync=fs)
+            if r:
+                out.append("| 1 | SQL ceiling, %d client%s | %s | %.0f rows/s (lock %.1f ms, mark %.1f ms per batch) | | %s |"
+                           % (c, "s" if c > 1 else "", fs, r["rows_per_s"], r["lock_ms_avg"],
+                              r["mark_ms_avg"], r["load"]))
+    for fs in ("off", "on"):
+        for i in (1, 2):
+            r = one(row="relay", instances=i, fsync=fs)
+            c = one(row="ceiling", clients=i, fsync=fs)
+            if r:
+                ratio = r["rows_per_s"] / c["rows_per_s"] if c else float("nan")
+                tgt = ">= 0.8 and >= 25k/s" if i == 2 else ""
+                out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates | %s | %.0f rows/s, ratio %.2f (avg batch %.0f) | %s | %s |"
+                           % (i, "s" if i > 1 else "", r["events"] // 1000, r["aggregates"], fs,
+                              r["rows_per_s"], ratio, r["avg_batch"], tgt, r["load"]))
+    a, b = one(row="backlog", pending=10000), one(row="backlog", pending=res.get("big_backlog", 1000000))
+    if a and b:
+        out.append("| 3 | lock one batch: 10k vs %dk pending (median of %d) | off | %.1f ms vs %.1f ms: %.2fx (first lock %.1f vs %.1f ms) | within 2x | %s |"
+                   % (b["pending"] // 1000, b["reps"], a["lock_median_ms"], b["lock_median_ms"],
+                      b["lock_median_ms"] / a["lock_median_ms"], a["lock_first_ms"],
+                      b["lock_first_ms"], b["load"]))
+    for fs in ("off", "on"):
+        r = one(row="latency", fsync=fs)
+        if r:
+            out.append("| 4 | latency at %d/s single-row tx, commit -> ack (published_at) | %s | p50 %.1f ms, p99 %.1f ms (histogram p50 %.1f / p99 %.1f) | p99 < 50 ms | %s |"
+                       % (r["offered_per_s"], fs, r["p50_ms"], r["p99_ms"], r["hist_p50_ms"],
+                          r["hist_p99_ms"], r["load"]))
+    rs = find(row="relay")
+    if rs:
+        worst = max(rs, key=lambda r: r["hwm_mib"])
+        out.append("| 5 | relay RSS during the %dk runs (batch %d) | all | VmHWM %.1f MiB max (VmRSS sampled max %.1f) | < 64 MiB | %s |"
+                   % (worst["events"] // 1000, res["batch"], worst["hwm_mib"],
+                      max(r["rss_max_mib"] for r in rs), worst["load"]))
+    for r in find(row="hot"):
+        out.append("| 6 | hot: %dk events / %d aggregates, %d instance%s%s | %s | %.0f rows/s (avg batch %.1f) | (document) | %s |"
+                   % (r["events"] // 1000, r["aggregates"], r["instances"],
+                      "s" if r["instances"] > 1 else "",
+                      "" if r["complete"] else ", time-boxed %.0f s" % r["wall_s"],
+                      r["fsync"], r["rows_per_s"], r["avg_batch"], r["load"]))
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build-bench"))
+    ap.add_argument("--relay", help="outbox-relay binary (default: BUILD/relay/outbox-relay)")
+    ap.add_argument("--out", default=None, help="directory for logs and results.json")
+    ap.add_argument("--events", type=int, default=200000)
+    ap.add_argument("--aggregates", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--partitions", type=int, default=64)
+    ap.add_argument("--big-backlog", type=int, default=1000000)
+    ap.add_argument("--lock-reps", type=int, default=20)
+    ap.add_argument("--latency-rate", type=int, default=1000)
+    ap.add_argument("--latency-seconds", type=float, default=20)
+    ap.add_argument("--hot-aggregates", type=int, default=10)
+    ap.add_argument("--hot-seconds", type=float, default=30,
+                    help="time box of the hot-aggregate run")
+    ap.add_argument("--only", default="1,2,3,4,5,6", help="rows to measure, e.g. 2,6")
+    ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
+    args = ap.parse_args()
+    args.out = args.out or os.path.join(args.build, "bench-results",
+                                        time.strftime("%Y%m%d-%H%M%S"))
+    only = set(args.only.split(","))
+    b = Bench(args)
+    b.results["big_backlog"] = args.big_backlog
+    try:
+        for fsync_on in ((False,) if args.no_fsync_on else (False, True)):
+            if fsync_on:
+                b.set_fsync(True)
+            if "1" in only or "2" in only:
+                for c in (1, 2):
+                    b.ceiling(c)
+            if "2" in only or "5" in only:
+                for i in (1, 2):
+                    b.relay_drain(i)
+            if not fsync_on and "3" in only:
+                b.backlog(10000)
+                b.backlog(args.big_backlog)
+            if "4" in only:
+                b.latency(args.latency_rate, args.latency_seconds)
+            if not fsync_on and "6" in only:
+                b.relay_drain(1, aggregates=args.hot_aggregates, name="hot",
+                              time_box=args.hot_seconds)
+    finally:
+        with open(os.path.join(b.out_dir, "results.json"), "w") as f:
+            json.dump(b.results, f, indent=1)
+        b.close()
+    m = b.results["machine"]
+    print("machine: %s, %s cores, %s GiB, kernel %s; relay %s"
+          % (m.get("cpu"), m["nproc"], m.get("mem_gib"), m["kernel"], b.relay_bin))
+    print(table(b.results))
+    print("raw results and logs: %s" % b.out_dir)
+
+
+if __name__ == "__main__":
+    main()
