@@ -74,7 +74,6 @@ import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
 
 from conftest import relay_env
 from harness import Relay, TestSchema, bin_path, free_port, have_binary, make_events, \
@@ -117,7 +116,7 @@ class Prometheus:
         }
         self.config_path = os.path.join(workdir, "prometheus.yml")
         with open(self.config_path, "w", encoding="utf-8") as f:
-            yaml.safe_dump(config, f, sort_keys=False)
+            json.dump(config, f, indent=1)  # JSON is YAML: no PyYAML needed
         self.log_path = os.path.join(workdir, "prometheus.log")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -183,22 +182,25 @@ def http_status(addr, path):
 # ---------------------------------------------------------------- chart files
 
 def render_alert_rules(out_path):
-    """The PrometheusRule of `helm template` as tests/helm/run renders it,
-    written as a plain Prometheus rule file; returns its alerting rules."""
+    """Writes the PrometheusRule of `helm template`, rendered as tests/helm/run
+    renders it, as a plain Prometheus rule file: its `spec:` block, dedented
+    (the chart renders it with toYaml | nindent 2)."""
     helm = subprocess.run([os.path.join(repo_root(), "tests", "support", "get-helm")],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           timeout=300)
     assert helm.returncode == 0, "tests/support/get-helm failed: %s" % helm.stderr
     r = subprocess.run([helm.stdout.strip(), "template", SERVICE, CHART, "--namespace",
-                        NAMESPACE, "-f", os.path.join(CHART, "ci", "prometheusrule-values.yaml")],
+                        NAMESPACE, "-f", os.path.join(CHART, "ci", "prometheusrule-values.yaml"),
+                        "--show-only", "templates/prometheusrule.yaml"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 0, "helm template failed: %s" % r.stderr
-    docs = [d for d in yaml.safe_load_all(r.stdout) if d and d.get("kind") == "PrometheusRule"]
-    assert len(docs) == 1, "expected one PrometheusRule in the render"
-    groups = docs[0]["spec"]["groups"]
+    lines = r.stdout.splitlines()
+    assert "kind: PrometheusRule" in lines and "spec:" in lines, r.stdout[:2000]
+    spec = lines[lines.index("spec:") + 1:]
+    assert spec and spec[0] == "  groups:" and all(not l or l.startswith("  ") for l in spec), \
+        "unexpected PrometheusRule layout:\n%s" % r.stdout[:2000]
     with open(out_path, "w", encoding="utf-8") as f:
-        yaml.safe_dump({"groups": groups}, f, sort_keys=False)
-    return [rule for g in groups for rule in g["rules"] if "alert" in rule]
+        f.write("\n".join(l[2:] for l in spec) + "\n")
 
 
 def expand_grafana(expr):
@@ -272,7 +274,7 @@ def live(pg, kafka, tmp_path_factory):
     assert have_binary("outbox-sweeper"), "%s not built" % bin_path("outbox-sweeper")
     work = str(tmp_path_factory.mktemp("prometheus"))
     rules_path = os.path.join(work, "alerts.rules.yaml")
-    alerts = render_alert_rules(rules_path)
+    render_alert_rules(rules_path)
 
     started = time.monotonic()
     db = TestSchema(pg, "prometheus")
@@ -305,6 +307,10 @@ def live(pg, kafka, tmp_path_factory):
                            what="%s %s 200 (log: %s)" % (name, path, proc.log_text()[-1500:]))
         wait_until(lambda: prom.proc.poll() is None and prom.targets_up(), 30, interval=0.25,
                    what="Prometheus scraping relay and sweeper (log: %s)" % prom.log_text()[-1500:])
+        # The alerting rules as Prometheus loaded them: {name: expr}.
+        alerts = {r["name"]: r["query"]
+                  for g in prom.get("/api/v1/rules", type="alert")["groups"] for r in g["rules"]}
+        assert sorted(alerts) == sorted(ALERTS), (sorted(alerts), ALERTS)
         sel = '{namespace="%s",service="%s"}' % (NAMESPACE, SERVICE)
         # Both targets scraped once: what the load does from now on moves counters
         # Prometheus has already seen.
@@ -458,8 +464,7 @@ ALERTS = _alert_ids()
 @pytest.mark.parametrize("name", ALERTS)
 def test_alert_expression_has_data(live, name):
     prom = live["prom"]
-    (rule,) = [r for r in live["alerts"] if r["alert"] == name]
-    expr = str(rule["expr"])
+    expr = live["alerts"][name]
 
     # 1. Prometheus evaluates the rendered rule without error.
     def health():
