@@ -536,13 +536,14 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
         int rc = -1;
         if (!db_connected(db))
                 return fail(errstr, errstr_size, "not connected");
-        /* Exact counts over unpublished rows (the partial index's predicate),
-         * an estimate for PUBLISHED, which may be millions of rows. */
+        /* Exact counts over unpublished rows (the partial index's predicate);
+         * PUBLISHED, which may be millions of rows, from the statistics
+         * collector's live-row count (approximate, never a table scan). */
         if (buf_appendf(&sql,
                         "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
                         " count(*) FILTER (WHERE status = 'PUBLISHING'),"
-                        " greatest((SELECT reltuples FROM pg_class WHERE oid = '%s'::regclass)"
-                        "  - count(*), 0)::float8,"
+                        " greatest(coalesce((SELECT n_live_tup FROM pg_stat_user_tables"
+                        "  WHERE relid = '%s'::regclass), 0) - count(*), 0)::float8,"
                         " count(*) FILTER (WHERE status = 'FAILED'),"
                         " count(*) FILTER (WHERE status = 'DEAD'),"
                         " coalesce(extract(epoch FROM now() - min(created_at)"

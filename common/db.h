@@ -79,7 +79,7 @@ int db_delete_published(struct db *db, long long retention_s, int limit, long lo
                         char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* One query for the table gauges: counts by status (db_status_names order;
- * PUBLISHED is the planner's estimate, the others exact) and the age in
+ * PUBLISHED from the statistics collector's live-row count, the others exact) and the age in
  * seconds of the oldest PENDING or FAILED row (0 when none). */
 int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s,
               char *errstr, size_t errstr_size) __attribute__((warn_unused_result));

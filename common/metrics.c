@@ -41,11 +41,13 @@ struct metric_def {
         const char *label; /* NULL: unlabelled */
         const double *buckets;
         size_t nbuckets;
+        int sweeper; /* exposed by outbox-sweeper (the rest: by outbox-relay) */
 };
 
-#define COUNTER(id, n, l, h) [id] = {n, MT_COUNTER, h, l, NULL, 0}
-#define GAUGE(id, n, l, h) [id] = {n, MT_GAUGE, h, l, NULL, 0}
-#define HISTOGRAM(id, n, b, h) [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b)}
+#define COUNTER(id, n, l, h) [id] = {n, MT_COUNTER, h, l, NULL, 0, 0}
+#define SWEEPER_COUNTER(id, n, h) [id] = {n, MT_COUNTER, h, NULL, NULL, 0, 1}
+#define GAUGE(id, n, l, h) [id] = {n, MT_GAUGE, h, l, NULL, 0, 0}
+#define HISTOGRAM(id, n, b, h) [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b), 0}
 
 static const struct metric_def metric_defs[M_COUNT] = {
         COUNTER(M_EVENTS_PUBLISHED, "outbox_events_published_total", "topic",
@@ -53,9 +55,9 @@ static const struct metric_def metric_defs[M_COUNT] = {
         COUNTER(M_EVENTS_FAILED, "outbox_events_failed_total", "error_code",
                 "Outbox event delivery attempts that failed (will be retried)."),
         COUNTER(M_EVENTS_DEAD, "outbox_events_dead_total", "error_code",
-                "Outbox events moved to DEAD after exhausting their attempts."),
+                "Outbox events moved to DEAD (permanent error or attempts exhausted)."),
         COUNTER(M_LOCK_LOST, "outbox_lock_lost_total", NULL,
-                "Batches whose row locks were lost before they could be marked."),
+                "Rows whose lock was taken back (stale-lock reset) before the relay marked them."),
         COUNTER(M_BATCHES, "outbox_batches_total", NULL,
                 "Batches of outbox rows locked and processed."),
         HISTOGRAM(M_PUBLISH_LATENCY, "outbox_publish_latency_seconds", latency_buckets,
@@ -69,13 +71,13 @@ static const struct metric_def metric_defs[M_COUNT] = {
         GAUGE(M_OLDEST_PENDING_AGE, "outbox_oldest_pending_age_seconds", NULL,
               "Age of the oldest pending outbox row."),
         GAUGE(M_LAST_BATCH_TIMESTAMP, "outbox_relay_last_batch_timestamp_seconds", NULL,
-              "Unix time at which the relay last finished a batch."),
-        COUNTER(M_SWEEPER_STALE_RESET, "outbox_sweeper_stale_locks_reset_total", NULL,
-                "Stale row locks reset by the sweeper."),
-        COUNTER(M_SWEEPER_DELETED, "outbox_sweeper_rows_deleted_total", NULL,
-                "Published or dead rows deleted by the sweeper after retention."),
+              "Unix time of the relay main loop's last turn (heartbeat, also when idle)."),
+        SWEEPER_COUNTER(M_SWEEPER_STALE_RESET, "outbox_sweeper_stale_locks_reset_total",
+                        "Stale row locks reset by the sweeper."),
+        SWEEPER_COUNTER(M_SWEEPER_DELETED, "outbox_sweeper_rows_deleted_total",
+                        "PUBLISHED rows deleted by the sweeper after retention."),
         [M_BUILD_INFO] = {"outbox_build_info", MT_INFO,
-                          "Build information; the value is always 1.", NULL, NULL, 0},
+                          "Build information; the value is always 1.", NULL, NULL, 0, 1},
 };
 
 struct series {
@@ -340,9 +342,18 @@ int metrics_render(struct buf *out) {
         pthread_mutex_lock(&metrics_lock);
         if (!set_up)
                 state_reset();
-        for (size_t i = 0; i < M_COUNT; i++)
+        /* Each daemon exposes its own metrics only: a sweeper's never-set
+         * relay heartbeat would read as a relay stalled since 1970. Before
+         * metrics_init (unit tests) everything is shown. */
+        int sweeper = strcmp(program_name, "outbox-sweeper") == 0;
+        int relay = strcmp(program_name, "outbox-relay") == 0;
+        for (size_t i = 0; i < M_COUNT; i++) {
+                const struct metric_def *d = &metric_defs[i];
+                if (i != M_BUILD_INFO && ((sweeper && !d->sweeper) || (relay && d->sweeper)))
+                        continue;
                 if (render_metric(out, (enum metric_id)i) != 0)
                         goto out;
+        }
         rc = 0;
 out:
         pthread_mutex_unlock(&metrics_lock);

@@ -10,8 +10,9 @@
 #include "encode.h"
 #include "metrics.h"
 
+/* A program name that is neither daemon: every metric is rendered. */
 static void setup(void) {
-        cr_assert_eq(metrics_init("outbox-relay"), 0);
+        cr_assert_eq(metrics_init("outbox-test"), 0);
 }
 
 static void teardown(void) {
@@ -97,7 +98,7 @@ Test(metrics, unlabelled_start_at_zero_labelled_start_empty) {
 Test(metrics, build_info) {
         char *text = render();
         char want[128];
-        snprintf(want, sizeof want, "\noutbox_build_info{version=\"%s\",program=\"outbox-relay\"} 1\n",
+        snprintf(want, sizeof want, "\noutbox_build_info{version=\"%s\",program=\"outbox-test\"} 1\n",
                  OUTBOX_VERSION);
         cr_expect_not_null(strstr(text, want), "no %s in\n%s", want, text);
         free(text);
@@ -294,4 +295,23 @@ Test(metrics, render_appends) {
         cr_assert_eq(metrics_render(&b), 0);
         cr_expect_eq(strncmp(b.data, "x\n# HELP ", 9), 0);
         buf_free(&b);
+}
+
+/* Each daemon exposes its own metrics only (plus build_info). */
+Test(metrics, per_program_sets) {
+        cr_assert_eq(metrics_init("outbox-sweeper"), 0);
+        char *text = render();
+        cr_expect_not_null(strstr(text, "\noutbox_sweeper_rows_deleted_total 0\n"));
+        cr_expect_not_null(strstr(text, "\noutbox_sweeper_stale_locks_reset_total 0\n"));
+        cr_expect_not_null(strstr(text, "program=\"outbox-sweeper\"} 1\n"));
+        cr_expect_null(strstr(text, "outbox_relay_last_batch_timestamp_seconds"));
+        cr_expect_null(strstr(text, "outbox_batches_total"));
+        cr_expect_eq(count_prefix(text, "# TYPE "), 3);
+        free(text);
+        cr_assert_eq(metrics_init("outbox-relay"), 0);
+        text = render();
+        cr_expect_not_null(strstr(text, "\noutbox_relay_last_batch_timestamp_seconds 0\n"));
+        cr_expect_null(strstr(text, "outbox_sweeper_"));
+        cr_expect_eq(count_prefix(text, "# TYPE "), 12);
+        free(text);
 }
