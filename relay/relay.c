@@ -12,13 +12,12 @@
 #include "db.h"
 #include "encode.h"
 #include "kafka.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
 #include "registry.h"
 
 #define SAMPLE_INTERVAL_S 10.0
-#define RECONNECT_MIN_MS 100
-#define RECONNECT_MAX_MS 5000
 /* After a stop request, how long marking may keep retrying a lost database. */
 #define STOP_MARK_GRACE_S 30.0
 
@@ -66,15 +65,6 @@ static double wall_s(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* Sleeps up to ms, waking early when *stop is set. */
-static void nap(int ms, volatile sig_atomic_t *stop) {
-        while (ms > 0 && !*stop) {
-                int step = ms < 100 ? ms : 100;
-                struct timespec ts = {0, (long)step * 1000000L};
-                nanosleep(&ts, NULL);
-                ms -= step;
-        }
-}
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
         long long d = initial_ms;
@@ -106,7 +96,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->cfg = cfg;
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-        r->reconnect_ms = RECONNECT_MIN_MS;
+        r->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
         r->last_sample = -1e9;
         r->rows = calloc((size_t)cfg->batch_size, sizeof *r->rows);
         r->outs = calloc((size_t)cfg->batch_size, sizeof *r->outs);
@@ -322,24 +312,9 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
         return n;
 }
 
-/* Reconnects with capped exponential backoff; 0 once connected. */
+/* Connects if needed; on failure waits the backoff and returns -1. */
 static int ensure_db(struct relay *r, volatile sig_atomic_t *stop) {
-        char err[512];
-        if (db_connected(r->db))
-                return 0;
-        if (db_connect(r->db, err, sizeof err) == 0) {
-                log_info("db", "connected", "table=%s", r->cfg->table);
-                r->reconnect_ms = RECONNECT_MIN_MS;
-                return 0;
-        }
-        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", r->reconnect_ms,
-                 log_quote(err));
-        if (r->http)
-                http_set_ready(r->http, 0);
-        nap(r->reconnect_ms, stop);
-        r->reconnect_ms = r->reconnect_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
-                                                                 : r->reconnect_ms * 2;
-        return -1;
+        return lifecycle_ensure_db(r->db, &r->reconnect_ms, r->http, stop);
 }
 
 /* Marks the batch, retrying through database outages: rows must not stay
@@ -438,7 +413,8 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                 if (n > 0)
                         continue; /* more may be due at once (next versions, backlog) */
                 if (n < 0)
-                        nap(r->cfg->poll_interval_ms, stop); /* no hot loop on a failing query */
+                        /* no hot loop on a failing query */
+                        lifecycle_nap(r->http, r->cfg->poll_interval_ms, stop);
                 else if (db_wait(r->db, r->cfg->poll_interval_ms) < 0)
                         log_warn("db", "connection lost while idle", NULL);
                 kafka_poll(r->kafka, 0);

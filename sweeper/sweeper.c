@@ -6,11 +6,10 @@
 #include <time.h>
 
 #include "db.h"
+#include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
 
-#define RECONNECT_MIN_MS 100
-#define RECONNECT_MAX_MS 5000
 
 struct sweeper {
         const struct config *cfg;
@@ -30,15 +29,8 @@ static void beat(struct sweeper *s) {
                 http_heartbeat(s->http);
 }
 
-/* Sleeps up to ms, waking early when *stop is set; keeps /healthz alive. */
 static void nap(struct sweeper *s, long long ms, volatile sig_atomic_t *stop) {
-        while (ms > 0 && !*stop) {
-                long long step = ms < 100 ? ms : 100;
-                struct timespec ts = {0, (long)step * 1000000L};
-                nanosleep(&ts, NULL);
-                ms -= step;
-                beat(s);
-        }
+        lifecycle_nap(s->http, ms, stop);
 }
 
 struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *errstr,
@@ -50,7 +42,7 @@ struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *e
         }
         s->cfg = cfg;
         s->http = http;
-        s->reconnect_ms = RECONNECT_MIN_MS;
+        s->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
         s->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
         if (!s->db) {
                 snprintf(errstr, errstr_size, "out of memory");
@@ -101,26 +93,14 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         return 0;
 }
 
-/* Connects if needed; on failure waits the backoff and returns -1. */
+/* Connects if needed (ready once connected); on failure waits the backoff
+ * and returns -1. */
 static int ensure_db(struct sweeper *s, volatile sig_atomic_t *stop) {
-        char err[512];
-        if (db_connected(s->db))
-                return 0;
-        if (db_connect(s->db, err, sizeof err) == 0) {
-                log_info("db", "connected", "table=%s", s->cfg->table);
-                s->reconnect_ms = RECONNECT_MIN_MS;
-                if (s->http)
-                        http_set_ready(s->http, 1);
-                return 0;
-        }
-        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", s->reconnect_ms,
-                 log_quote(err));
+        if (lifecycle_ensure_db(s->db, &s->reconnect_ms, s->http, stop) != 0)
+                return -1;
         if (s->http)
-                http_set_ready(s->http, 0);
-        nap(s, s->reconnect_ms, stop);
-        s->reconnect_ms = s->reconnect_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
-                                                                 : s->reconnect_ms * 2;
-        return -1;
+                http_set_ready(s->http, 1);
+        return 0;
 }
 
 /* One sweep, logged. 0 when it completed. */

@@ -1,0 +1,49 @@
+/* lifecycle.h - what outbox-relay and outbox-sweeper share around their main
+ * loops: configuration, logging, signals, metrics and the HTTP endpoints at
+ * start, an interruptible nap, and reconnecting to the database with backoff. */
+#ifndef OUTBOX_LIFECYCLE_H
+#define OUTBOX_LIFECYCLE_H
+
+#include <signal.h>
+
+#include "config.h"
+#include "db.h"
+#include "http.h"
+
+/* The process-wide state lifecycle_start() builds. */
+struct lifecycle {
+        struct config cfg;
+        struct http *http;             /* NULL with OUTBOX_HTTP_ADDR=off */
+        volatile sig_atomic_t *stop;   /* set by SIGTERM/SIGINT; a second one exits at once */
+};
+
+/* Extra validation of a loaded configuration (the relay's librdkafka
+ * properties): 0, or -1 with errstr naming the variable. */
+typedef int(lifecycle_check)(const struct config *cfg, char *errstr, size_t errstr_size);
+
+/* Loads the configuration (`check` may be NULL), sets up logging, the signal
+ * handlers, metrics and the HTTP server, and logs the start with the database
+ * URL redacted. Returns -1 when the program should go on, else the exit code
+ * to return at once: 0 after --help/--version, 2 for bad configuration, 1 for a
+ * runtime failure. Call lifecycle_finish() in every case. */
+int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, char **argv,
+                    lifecycle_check *check) __attribute__((warn_unused_result));
+
+/* Stops the HTTP server, frees metrics and configuration. */
+void lifecycle_finish(struct lifecycle *lc);
+
+/* Sleeps up to ms in steps of 100 ms, waking early when *stop is set, and
+ * keeps /healthz alive meanwhile (http may be NULL). */
+void lifecycle_nap(struct http *http, long long ms, volatile sig_atomic_t *stop);
+
+#define LIFECYCLE_RECONNECT_MIN_MS 100
+#define LIFECYCLE_RECONNECT_MAX_MS 5000
+
+/* 0 when db is connected (connecting now if it is not; *backoff_ms then goes
+ * back to the minimum). Otherwise logs why, reports not-ready, naps
+ * *backoff_ms, doubles it up to LIFECYCLE_RECONNECT_MAX_MS and returns -1.
+ * Start *backoff_ms at LIFECYCLE_RECONNECT_MIN_MS. */
+int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
+                        volatile sig_atomic_t *stop);
+
+#endif
