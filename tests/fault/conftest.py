@@ -29,25 +29,13 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-from harness import (MockBroker, Postgres, TestSchema, check_order, duplicates,  # noqa: E402
+from fixtures import kafka, pg  # noqa: E402,F401  (fixtures used by name)
+from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
                      header, read_topics)
 
 # Short timeouts so every fault resolves in seconds (DESIGN.md defaults are minutes).
 DELIVERY_TIMEOUT_MS = 3000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-@pytest.fixture(scope="session")
-def pg():
-    p = Postgres()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def kafka(tmp_path_factory):
-    with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
-        yield b
 
 
 @pytest.fixture

@@ -8,20 +8,8 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-from harness import MockBroker, Postgres, TestSchema  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def pg():
-    p = Postgres()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def kafka(tmp_path_factory):
-    with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
-        yield b
+from fixtures import kafka, pg  # noqa: E402,F401  (fixtures used by name)
+from harness import TestSchema  # noqa: E402
 
 
 @pytest.fixture

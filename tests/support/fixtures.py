@@ -1,0 +1,19 @@
+"""pytest fixtures shared by the integration and fault suites: one PostgreSQL
+server per session (tests/run's, or a private one) and one local
+Kafka-protocol broker per module. A conftest imports them by name."""
+import pytest
+
+from harness import MockBroker, Postgres
+
+
+@pytest.fixture(scope="session")
+def pg():
+    p = Postgres()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory):
+    with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
+        yield b
