@@ -130,6 +130,7 @@ topicTemplate: OUTBOX_TOPIC_TEMPLATE
 valueFormat: OUTBOX_VALUE_FORMAT
 serialization: OUTBOX_SERIALIZATION
 schemaRegistryUrl: OUTBOX_SCHEMA_REGISTRY_URL
+envelopeFields: OUTBOX_ENVELOPE_FIELDS
 producerName: OUTBOX_PRODUCER_NAME
 logLevel: OUTBOX_LOG_LEVEL
 logFormat: OUTBOX_LOG_FORMAT
@@ -207,6 +208,15 @@ env entries shared by both daemons: the database URL from the existing Secret.
     secretKeyRef:
       name: {{ required "database.existingSecret is required: a Secret holding the libpq connection string" .Values.database.existingSecret }}
       key: {{ .Values.database.secretKey | default "url" }}
+{{- with .Values.schemaRegistry }}
+{{- if .existingSecret }}
+- name: OUTBOX_SCHEMA_REGISTRY_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretKey | default "url" }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
