@@ -123,12 +123,25 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         struct buf sql = {0};
         int rc = -1;
 
-        /* Lock (DESIGN.md step 1 and 2); variant 1 carries the aggregate guard. */
+        /* Lock (DESIGN.md steps 1 and 2); variant 1 carries the aggregate guard.
+         *
+         * The guard admits a run of consecutive versions of one aggregate:
+         * `due` takes (and row-locks) rows whose lower unpublished versions
+         * are all due no later than themselves (so the scan meets them first:
+         * a retried version n, due again only after its backoff, is not
+         * overtaken by n+1.. queued behind it), and `ready` keeps those whose lower
+         * unpublished versions were all taken by this very statement. So
+         * version n+1 is locked only together with n (or after n is
+         * PUBLISHED), never while n is in flight, backing off, DEAD or held
+         * by another relay; the relay then publishes a run in version order,
+         * n+1 only after n's acknowledgement. Rows of `due` left out of
+         * `ready` stay as they were (their row locks end with the statement). */
         for (int guard = 0; guard < 2; guard++) {
                 buf_reset(&sql);
                 if (buf_appendf(&sql,
-                                "WITH due AS ("
-                                " SELECT o.outbox_id FROM %s o"
+                                "WITH due AS MATERIALIZED ("
+                                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
+                                "  o.aggregate_id, o.aggregate_version FROM %s o"
                                 " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()",
                                 t))
                         goto oom;
@@ -138,16 +151,32 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                                          "  AND p.aggregate_type = o.aggregate_type"
                                          "  AND p.aggregate_id = o.aggregate_id"
                                          "  AND p.aggregate_version < o.aggregate_version"
-                                         "  AND p.status <> 'PUBLISHED')",
+                                         "  AND p.status <> 'PUBLISHED'"
+                                         "  AND NOT (p.status IN ('PENDING','FAILED')"
+                                         "   AND p.available_at <= o.available_at))",
                                          t))
                         goto oom;
                 if (buf_appendf(&sql,
                                 " ORDER BY o.available_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
-                                " locked AS ("
+                                " ready AS (SELECT d.outbox_id FROM due d"))
+                        goto oom;
+                if (guard && buf_appendf(&sql,
+                                         " WHERE NOT EXISTS (SELECT 1 FROM %s p"
+                                         "  WHERE p.tenant_id = d.tenant_id"
+                                         "  AND p.aggregate_type = d.aggregate_type"
+                                         "  AND p.aggregate_id = d.aggregate_id"
+                                         "  AND p.aggregate_version < d.aggregate_version"
+                                         "  AND p.status <> 'PUBLISHED'"
+                                         "  AND NOT EXISTS (SELECT 1 FROM due x"
+                                         "   WHERE x.outbox_id = p.outbox_id))",
+                                         t))
+                        goto oom;
+                if (buf_appendf(&sql,
+                                "), locked AS ("
                                 " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
                                 "  locked_at = now(), last_attempt_at = now(),"
                                 "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                                " FROM due WHERE o.outbox_id = due.outbox_id"
+                                " FROM ready WHERE o.outbox_id = ready.outbox_id"
                                 " RETURNING %s)"
                                 " SELECT * FROM locked ORDER BY 2, 3, 4, 5",
                                 t, lock_columns))
@@ -156,6 +185,21 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                             size))
                         goto out;
         }
+
+        /* Rows locked but never produced go back as they were, the attempt
+         * not counted: FAILED if an attempt had been made before, else PENDING. */
+        buf_reset(&sql);
+        if (buf_appendf(&sql,
+                        "UPDATE %s SET status = CASE WHEN attempt_count > 1"
+                        "  THEN 'FAILED' ELSE 'PENDING' END,"
+                        " attempt_count = attempt_count - 1,"
+                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                        " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
+                        " AND locked_by = $2",
+                        t))
+                goto oom;
+        if (prepare(db, "mark_released", sql.data, 2, errstr, size))
+                goto out;
 
         buf_reset(&sql);
         if (buf_appendf(&sql,
@@ -362,7 +406,7 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
         return 0;
 }
 
-int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost,
+int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost,
             char *errstr, size_t errstr_size) {
         struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0};
         long long done = 0;
@@ -372,7 +416,7 @@ int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost
         *lost = 0;
         if (!db_connected(db))
                 return fail(errstr, errstr_size, "not connected");
-        for (int status = DB_PUBLISHED; status <= DB_DEAD; status++) {
+        for (int status = DB_PUBLISHED; status <= DB_RELEASED; status++) {
                 size_t cnt = 0;
                 buf_reset(&ids);
                 buf_reset(&delays);
@@ -382,7 +426,7 @@ int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost
                     buf_append(&codes, "{", 1) || buf_append(&msgs, "{", 1))
                         goto oom;
                 for (size_t i = 0; i < n; i++) {
-                        if ((int)outs[i].status != status)
+                        if ((int)outs[i].status != status || outs[i].marked)
                                 continue;
                         char d[24];
                         snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
@@ -397,9 +441,10 @@ int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost
                     buf_append(&codes, "}", 1) || buf_append(&msgs, "}", 1))
                         goto oom;
                 expected += cnt;
-                if (status == DB_PUBLISHED) {
+                if (status == DB_PUBLISHED || status == DB_RELEASED) {
                         const char *p[2] = {ids.data, db->relay_id};
-                        if (run_mark(db, "mark_published", 2, p, &done, errstr, errstr_size))
+                        if (run_mark(db, status == DB_PUBLISHED ? "mark_published" : "mark_released",
+                                     2, p, &done, errstr, errstr_size))
                                 goto out;
                 } else {
                         const char *p[6] = {status == DB_FAILED ? "FAILED" : "DEAD", ids.data,
@@ -407,6 +452,9 @@ int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost
                         if (run_mark(db, "mark_unpublished", 6, p, &done, errstr, errstr_size))
                                 goto out;
                 }
+                for (size_t i = 0; i < n; i++)
+                        if ((int)outs[i].status == status)
+                                outs[i].marked = 1;
         }
         *lost = expected > (size_t)done ? expected - (size_t)done : 0;
         rc = 0;

@@ -16,7 +16,10 @@ struct db_batch {
         void *priv;
 };
 
-enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD };
+/* DB_RELEASED: locked but never produced (its predecessor in the batch
+ * failed, or the relay is stopping): back to PENDING/FAILED, the attempt not
+ * counted. */
+enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD, DB_RELEASED };
 
 /* One row's outcome for db_mark(). Strings are borrowed. */
 struct db_outcome {
@@ -25,6 +28,7 @@ struct db_outcome {
         long long delay_ms;      /* DB_FAILED: available_at = now() + delay */
         const char *code;        /* DB_FAILED, DB_DEAD: last_error_code */
         const char *message;     /* last_error_message (never a payload) */
+        int marked;              /* set by db_mark() once applied; start at 0 */
 };
 
 #define DB_STATUS_COUNT 5
@@ -49,7 +53,10 @@ void db_disconnect(struct db *db);
 
 /* Locks at most `limit` due rows into PUBLISHING for this relay, in one
  * statement (DESIGN.md step 1), with the per-aggregate guard unless
- * `ordering_aggregate` is 0. Rows come back ordered by aggregate and version.
+ * `ordering_aggregate` is 0. Rows come back ordered by aggregate and version;
+ * with the guard, several consecutive versions of one aggregate may come in
+ * one batch, and version n+1 must then be published only after n was
+ * acknowledged (released if n failed).
  * 0 or -1 (errstr set; the connection is dropped when it failed). */
 int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
@@ -57,11 +64,11 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
 void db_batch_clear(struct db_batch *b);
 
 /* Marks outcomes: one statement (its own transaction) per status, fenced by
- * status = PUBLISHING and locked_by = this relay. *lost gets the number of
- * rows whose lock was taken back meanwhile. 0 or -1 (errstr set; outcomes of
- * statements that did not run are not applied: call again after reconnecting;
- * marking is idempotent). */
-int db_mark(struct db *db, const struct db_outcome *outs, size_t n, size_t *lost,
+ * status = PUBLISHING and locked_by = this relay, and sets `marked` on the
+ * outcomes it applied. *lost gets the number of rows whose lock was taken
+ * back meanwhile. 0, or -1 with errstr set: call again with the same array
+ * after reconnecting, and only the outcomes not yet marked are applied. */
+int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost,
             char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Waits up to timeout_ms for a NOTIFY on the table's channel. 1 notified,

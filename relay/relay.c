@@ -26,6 +26,8 @@ struct row_state {
         int done;        /* outcome known (delivery report or produce error) */
         int ok;
         int permanent;
+        int released;    /* never produced: goes back unattempted (DB_RELEASED) */
+        int wave;        /* position in its aggregate's run of versions in the batch */
         const char *code;  /* static: rd_kafka_err2name() or our own codes */
         char message[160];
         char *topic;
@@ -235,21 +237,21 @@ static void produce_row(struct relay *r, size_t i) {
  * SIGTERM) waits at most about the delivery timeout. */
 #define DELIVERY_SLACK_MS 1000
 
-/* Waits for every delivery report of the batch (bounded by the delivery
+/* Waits for every delivery report of wave `wave` (bounded by the delivery
  * timeout), then handles a fatal producer error: acknowledged rows stay
- * acknowledged, the rest fail and the producer is rebuilt. */
-static int await_reports(struct relay *r) {
+ * acknowledged, the wave's others fail and the producer is rebuilt. */
+static int await_reports(struct relay *r, int wave) {
         char err[512];
         kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS);
         for (size_t i = 0; i < r->batch.count; i++)
-                if (!r->rows[i].done)
+                if (r->rows[i].wave == wave && !r->rows[i].done)
                         row_fail(&r->rows[i], 0, "_TIMED_OUT", "no delivery report in time");
         if (!kafka_fatal(r->kafka, err, sizeof err))
                 return 0;
         log_error("kafka", "fatal producer error, rebuilding the producer", "reason=%s",
                   log_quote(err));
         for (size_t i = 0; i < r->batch.count; i++)
-                if (!r->rows[i].ok)
+                if (r->rows[i].wave == wave && !r->rows[i].ok)
                         row_fail(&r->rows[i], 0, "_FATAL", err);
         kafka_destroy(r->kafka);
         r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
@@ -273,6 +275,12 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                 o->code = st->code;
                 o->message = st->message;
                 o->delay_ms = 0;
+                o->marked = 0;
+                if (st->released) {
+                        o->status = DB_RELEASED;
+                        o->code = o->message = NULL;
+                        continue;
+                }
                 if (st->ok) {
                         o->status = DB_PUBLISHED;
                         o->code = o->message = NULL;
@@ -365,7 +373,30 @@ static void sample_table(struct relay *r) {
         metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
 }
 
-/* One batch: lock, produce, wait, mark. Returns rows locked, or -1. */
+/* Numbers each row's position in its aggregate's run of consecutive versions
+ * (rows come ordered by aggregate and version; without the guard every row is
+ * wave 0). Version n+1 is produced in the wave after n, once n's delivery
+ * report said it was acknowledged: an idempotent producer keeps order within a
+ * partition but may leave a gap when a message times out, and a later version
+ * must never reach Kafka before an earlier one (G2). Returns the wave count. */
+static int assign_waves(struct relay *r) {
+        int waves = 0;
+        for (size_t i = 0; i < r->batch.count; i++) {
+                const struct outbox_event *e = &r->batch.events[i], *p = e - 1;
+                free(r->rows[i].topic);
+                memset(&r->rows[i], 0, sizeof r->rows[i]);
+                if (i > 0 && r->cfg->ordering == ORDERING_AGGREGATE &&
+                    !strcmp(e->aggregate_id, p->aggregate_id) &&
+                    !strcmp(e->aggregate_type, p->aggregate_type) &&
+                    !strcmp(e->tenant_id, p->tenant_id))
+                        r->rows[i].wave = r->rows[i - 1].wave + 1;
+                if (r->rows[i].wave + 1 > waves)
+                        waves = r->rows[i].wave + 1;
+        }
+        return waves;
+}
+
+/* One batch: lock, produce wave by wave, wait, mark. Returns rows locked, or -1. */
 static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         char err[512];
         double started = mono_s();
@@ -377,13 +408,23 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         size_t n = r->batch.count;
         if (n == 0)
                 return 0;
-        for (size_t i = 0; i < n; i++) {
-                free(r->rows[i].topic);
-                memset(&r->rows[i], 0, sizeof r->rows[i]);
+        int waves = assign_waves(r);
+        int rc = 0;
+        for (int w = 0; w < waves; w++) {
+                for (size_t i = 0; i < n; i++) {
+                        struct row_state *st = &r->rows[i];
+                        if (st->wave != w)
+                                continue;
+                        /* rows[i - 1] is the previous version of the same aggregate */
+                        if (w > 0 && (rc != 0 || *stop || !r->rows[i - 1].ok)) {
+                                st->done = st->released = 1;
+                                continue;
+                        }
+                        produce_row(r, i);
+                }
+                if (rc == 0)
+                        rc = await_reports(r, w);
         }
-        for (size_t i = 0; i < n; i++)
-                produce_row(r, i);
-        int rc = await_reports(r);
         build_outcomes(r, wall_s());
         if (mark_batch(r, n, stop) != 0)
                 rc = -1;

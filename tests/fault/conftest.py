@@ -190,6 +190,10 @@ class Audit:
         self.stale_resets = collections.Counter()  # outbox_id -> STALE_LOCK resets
         self.relocked_after_stale = set()          # locked again after a STALE_LOCK reset
         self.releases = collections.Counter()      # (actor kind, new status) -> count
+        # outbox_id -> locks given back unattempted (a later version of an aggregate
+        # whose earlier version failed in the same batch, or a stop before its turn):
+        # the relay restores attempt_count, so attempts = locks - unattempted.
+        self.unattempted = collections.Counter()
         self.failed = []                            # audit rows of marks to FAILED by relays
 
     @property
@@ -221,7 +225,7 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
                                                                    r["new_locked_by"]))
             if a.stale_resets[oid]:
                 a.relocked_after_stale.add(oid)
-            holder[oid] = (r["new_locked_by"], r["ts"])
+            holder[oid] = (r["new_locked_by"], r["ts"], r["attempt_count"])
             a.locks[oid] += 1
         elif r["old_status"] == "PUBLISHING":
             held = holder.pop(oid, None)
@@ -240,6 +244,10 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
             elif actor != r["old_locked_by"]:
                 a.violations.append("%s: %s marked %s a row locked by %s"
                                     % (where, actor, r["new_status"], r["old_locked_by"]))
+            elif held is not None and r["new_status"] in ("PENDING", "FAILED") and \
+                    r["attempt_count"] == held[2] - 1:
+                a.releases[("relay", "RELEASED")] += 1
+                a.unattempted[oid] += 1
             else:
                 a.releases[("relay", r["new_status"])] += 1
                 if r["new_status"] == "FAILED":

@@ -1,6 +1,7 @@
 """Integration tests of outbox-relay against a real PostgreSQL server and the
 local Kafka-protocol broker; every check reads the topic back."""
 import json
+import re
 import signal
 
 from conftest import relay_env
@@ -233,3 +234,36 @@ def test_help_and_version(tmp_path):
     r = Relay("outbox-relay", args=["--version"], log_dir=tmp_path, name="version")
     assert r.wait(10) == 0
     assert "outbox-relay" in r.log_text()
+
+
+def test_hot_aggregates_publish_runs_of_versions_per_batch(db, kafka, tmp_path):
+    # 5 aggregates x 60 versions: the guard lets a batch take a run of consecutive
+    # versions of one aggregate (published in version order, n+1 after n's ack),
+    # instead of one version per aggregate per batch.
+    rows = make_events(aggregates=5, versions=60)
+    # aggregate a0's version 3 is poison: 4.. of a0 in the same batch must be given
+    # back unattempted, never published before 3
+    rows[2 * 5]["payload_json"] = {"pad": "x" * 1_100_000}
+    db.insert_events(rows)
+    env = relay_env(db, kafka, OUTBOX_LOG_LEVEL="debug")
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(published(db, 4 * 60 + 2), 60, what="the healthy versions PUBLISHED")
+        wait_until(lambda: db.status_counts()["DEAD"] == 1, 30, what="a0 v3 DEAD")
+        assert relay.stop() == 0
+        log = relay.log_text()
+    sizes = [int(n) for n in re.findall(r'msg="batch done" rows=(\d+)', log)]
+    assert max(sizes) > 5, sizes  # more than one version per aggregate in a batch
+    assert len(sizes) < 20, sizes  # 302 rows did not take one batch per version
+    (dead,) = db.rows(where="status = 'DEAD'")
+    assert (dead["aggregate_id"], dead["aggregate_version"]) == ("a0", 3)
+    held = db.rows(where="aggregate_id = 'a0' AND aggregate_version > 3")
+    assert {r["status"] for r in held} == {"PENDING"}
+    assert all(r["attempt_count"] == 0 for r in held)  # given back unattempted
+    assert all(r["attempt_count"] == 1 for r in db.rows(where="status = 'PUBLISHED'"))
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    assert len(msgs) == 4 * 60 + 2 and count_duplicates(msgs) == 0
+    ok, details = check_order(msgs)
+    assert ok, details
+    a0 = [int(header(m, "aggregate-version")) for m in sorted(msgs, key=lambda m: m["offset"])
+          if m["key"] == "a0"]
+    assert a0 == [1, 2]
