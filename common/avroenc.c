@@ -36,16 +36,16 @@ static const char *const field_names[F_COUNT] = {
 };
 
 struct avroenc {
-        int envelope;                 /* else the value is the payload string */
-        struct encode_fields fields;  /* appended envelope fields */
-        struct buf json;              /* schema JSON text */
+        int envelope;                /* else the value is the payload string */
+        struct encode_fields fields; /* appended envelope fields */
+        struct buf json;             /* schema JSON text */
         struct buf canonical;
         uint64_t fingerprint;
         avro_schema_t schema;
         avro_value_iface_t *iface;
         avro_value_t value;
         int have_value;
-        struct buf tmp;               /* NUL-terminated copies of header members */
+        struct buf tmp; /* NUL-terminated copies of header members */
 };
 
 #define CRC64_EMPTY 0xc15d213aa4d7a795ULL
@@ -80,17 +80,21 @@ static int fullname(avro_schema_t s, struct buf *out) {
 /* Appends the Parsing Canonical Form of s (Avro specification). */
 static int canonical(avro_schema_t s, struct buf *out) {
         static const char *const prim[] = {
-                [AVRO_STRING] = "\"string\"", [AVRO_BYTES] = "\"bytes\"",
-                [AVRO_INT32] = "\"int\"",     [AVRO_INT64] = "\"long\"",
-                [AVRO_FLOAT] = "\"float\"",   [AVRO_DOUBLE] = "\"double\"",
+                [AVRO_STRING] = "\"string\"",   [AVRO_BYTES] = "\"bytes\"",
+                [AVRO_INT32] = "\"int\"",       [AVRO_INT64] = "\"long\"",
+                [AVRO_FLOAT] = "\"float\"",     [AVRO_DOUBLE] = "\"double\"",
                 [AVRO_BOOLEAN] = "\"boolean\"", [AVRO_NULL] = "\"null\"",
         };
         switch (avro_typeof(s)) {
-        case AVRO_STRING: case AVRO_BYTES: case AVRO_INT32: case AVRO_INT64:
-        case AVRO_FLOAT: case AVRO_DOUBLE: case AVRO_BOOLEAN: case AVRO_NULL:
-                return buf_appendf(out, "%s", prim[avro_typeof(s)]);
-        case AVRO_LINK:
-                return fullname(avro_schema_link_target(s), out);
+        case AVRO_STRING:
+        case AVRO_BYTES:
+        case AVRO_INT32:
+        case AVRO_INT64:
+        case AVRO_FLOAT:
+        case AVRO_DOUBLE:
+        case AVRO_BOOLEAN:
+        case AVRO_NULL: return buf_appendf(out, "%s", prim[avro_typeof(s)]);
+        case AVRO_LINK: return fullname(avro_schema_link_target(s), out);
         case AVRO_RECORD: {
                 if (buf_append(out, "{\"name\":", 8) || fullname(s, out) ||
                     buf_appendf(out, ",\"type\":\"record\",\"fields\":["))
@@ -208,8 +212,8 @@ struct avroenc *avroenc_new(int value_format, const struct encode_fields *fields
                         goto fail;
                 }
                 for (size_t i = 0; i < want; i++) {
-                        const char *name = i < F_COUNT ? field_names[i]
-                                                       : a->fields.f[i - F_COUNT].name;
+                        const char *name =
+                                i < F_COUNT ? field_names[i] : a->fields.f[i - F_COUNT].name;
                         if (strcmp(avro_schema_record_field_name(a->schema, (int)i), name)) {
                                 snprintf(errstr, errstr_size,
                                          "envelope schema field %zu is '%s', want '%s'", i,
@@ -250,9 +254,15 @@ void avroenc_destroy(struct avroenc *a) {
         free(a);
 }
 
-const char *avroenc_schema_json(const struct avroenc *a) { return a->json.data; }
-const char *avroenc_canonical_form(const struct avroenc *a) { return a->canonical.data; }
-uint64_t avroenc_fingerprint(const struct avroenc *a) { return a->fingerprint; }
+const char *avroenc_schema_json(const struct avroenc *a) {
+        return a->json.data;
+}
+const char *avroenc_canonical_form(const struct avroenc *a) {
+        return a->canonical.data;
+}
+uint64_t avroenc_fingerprint(const struct avroenc *a) {
+        return a->fingerprint;
+}
 
 /* Sets a string (len bytes, NUL at s[len]) on v. */
 static int set_str(avro_value_t *v, const char *s, size_t len) {
@@ -296,7 +306,8 @@ static int fill_envelope(struct avroenc *a, const struct outbox_event *ev) {
                           ev->correlation_id ? strlen(ev->correlation_id) : 0) ||
             set_field_opt(a, rec, F_CAUSATION_ID, ev->causation_id,
                           ev->causation_id ? strlen(ev->causation_id) : 0) ||
-            set_field_opt(a, rec, F_TRACE_ID, ev->trace_id, ev->trace_id ? strlen(ev->trace_id) : 0) ||
+            set_field_opt(a, rec, F_TRACE_ID, ev->trace_id,
+                          ev->trace_id ? strlen(ev->trace_id) : 0) ||
             avro_value_get_by_index(rec, F_PAYLOAD, &f, NULL) ||
             set_str(&f, ev->payload, ev->payload_len))
                 return -1;
@@ -317,7 +328,8 @@ int avroenc_encode(struct avroenc *a, const struct outbox_event *ev, long long s
                 return -1;
         }
         avro_value_reset(&a->value);
-        int rc = a->envelope ? fill_envelope(a, ev) : set_str(&a->value, ev->payload, ev->payload_len);
+        int rc = a->envelope ? fill_envelope(a, ev)
+                             : set_str(&a->value, ev->payload, ev->payload_len);
         if (rc) {
                 snprintf(errstr, errstr_size, "avro: %s", avro_strerror());
                 return -1;
@@ -333,7 +345,8 @@ int avroenc_encode(struct avroenc *a, const struct outbox_event *ev, long long s
         } else {
                 head[0] = 0;
                 for (int i = 0; i < 4; i++)
-                        head[1 + i] = (unsigned char)((unsigned long long)schema_id >> (24 - 8 * i));
+                        head[1 + i] =
+                                (unsigned char)((unsigned long long)schema_id >> (24 - 8 * i));
                 hlen = 5;
         }
         size_t size = 0;

@@ -57,7 +57,7 @@ uint64_t avroenc_crc64(const void *data, size_t len);
 
 /* Parses Avro schema JSON and writes its Parsing Canonical Form into out
  * (replacing its content). 0, or -1 with errstr set. */
-int avroenc_canonicalize(const char *schema_json, struct buf *out, char *errstr,
-                         size_t errstr_size) __attribute__((warn_unused_result));
+int avroenc_canonicalize(const char *schema_json, struct buf *out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
 #endif

@@ -23,14 +23,14 @@ static const char *const serialization_names[] = {"json", "avro", NULL};
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
 
-#define BOTH (CONFIG_RELAY | CONFIG_SWEEPER)
-#define RELAY CONFIG_RELAY
+#define BOTH    (CONFIG_RELAY | CONFIG_SWEEPER)
+#define RELAY   CONFIG_RELAY
 #define SWEEPER CONFIG_SWEEPER
 
 struct opt {
-        const char *env;       /* OUTBOX_BATCH_SIZE; file key and flag derive from it */
+        const char *env; /* OUTBOX_BATCH_SIZE; file key and flag derive from it */
         enum opt_type type;
-        const char *def;       /* NULL: required (strings) */
+        const char *def; /* NULL: required (strings) */
         size_t off;
         int programs;
         long long min, max;
@@ -40,60 +40,61 @@ struct opt {
 
 #define O(f) offsetof(struct config, f)
 static const struct opt opts[] = {
-    {"OUTBOX_DATABASE_URL", T_STR, NULL, O(database_url), BOTH, 0, 0, NULL,
-     "libpq connection string or URI (required)"},
-    {"OUTBOX_TABLE", T_STR, "outbox_event", O(table), BOTH, 0, 0, NULL,
-     "outbox table, optionally schema-qualified"},
-    {"OUTBOX_RELAY_ID", T_STR, "", O(relay_id), BOTH, 0, 0, NULL,
-     "written to locked_by (default hostname-pid)"},
-    {"OUTBOX_BATCH_SIZE", T_INT, "500", O(batch_size), RELAY, 1, 100000, NULL,
-     "rows locked per batch"},
-    {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
-     "longest idle wait; NOTIFY wakes sooner"},
-    {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), RELAY, 0, 0, ordering_names,
-     "aggregate (per-aggregate guard) or none"},
-    {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), RELAY, 1, 1000000, NULL,
-     "attempts before a row goes DEAD"},
-    {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 0, INT_MAX, NULL,
-     "first retry delay"},
-    {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 0, INT_MAX, NULL,
-     "longest retry delay"},
-    {"OUTBOX_TOPIC_TEMPLATE", T_STR, "outbox.event.{aggregate_type}", O(topic_template), RELAY,
-     0, 0, NULL, "topic when topic_name is NULL: {aggregate_type} {event_type} {tenant_id}"},
-    {"OUTBOX_VALUE_FORMAT", T_ENUM, "envelope", O(value_format), RELAY, 0, 0,
-     value_format_names, "envelope or payload"},
-    {"OUTBOX_SERIALIZATION", T_ENUM, "json", O(serialization), RELAY, 0, 0,
-     serialization_names, "json or avro"},
-    {"OUTBOX_SCHEMA_REGISTRY_URL", T_STR, "", O(schema_registry_url), RELAY, 0, 0, NULL,
-     "Confluent schema registry for avro (optional)"},
-    {"OUTBOX_ENVELOPE_FIELDS", T_STR, "", O(envelope_fields), RELAY, 0, 0, NULL,
-     "extra envelope fields: event_key, partition_key, topic_name, headers_json.<member>[:name],..."},
-    {"OUTBOX_PRODUCER_NAME", T_STR, "outbox-relay", O(producer_name), RELAY, 0, 0, NULL,
-     "value of the producer header"},
-    {"OUTBOX_HTTP_ADDR", T_STR, "0.0.0.0:9464", O(http_addr), BOTH, 0, 0, NULL,
-     "host:port for /metrics /healthz /readyz, or off"},
-    {"OUTBOX_LOG_LEVEL", T_ENUM, "info", O(log_level), BOTH, 0, 0, log_level_names,
-     "debug, info, warn or error"},
-    {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), BOTH, 0, 0, log_format_names,
-     "json or text"},
-    {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), SWEEPER, 1, INT_MAX, NULL,
-     "a PUBLISHING lock older than this is stale"},
-    {"OUTBOX_SWEEP_INTERVAL_S", T_INT, "30", O(sweep_interval_s), SWEEPER, 1, 86400, NULL,
-     "sweeper loop period"},
-    {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, LLONG_MAX, NULL,
-     "delete PUBLISHED rows older than this; 0 keeps all"},
-    {"OUTBOX_DELETE_BATCH", T_INT, "1000", O(delete_batch), SWEEPER, 1, 1000000, NULL,
-     "rows deleted per statement"},
+        {"OUTBOX_DATABASE_URL", T_STR, NULL, O(database_url), BOTH, 0, 0, NULL,
+         "libpq connection string or URI (required)"},
+        {"OUTBOX_TABLE", T_STR, "outbox_event", O(table), BOTH, 0, 0, NULL,
+         "outbox table, optionally schema-qualified"},
+        {"OUTBOX_RELAY_ID", T_STR, "", O(relay_id), BOTH, 0, 0, NULL,
+         "written to locked_by (default hostname-pid)"},
+        {"OUTBOX_BATCH_SIZE", T_INT, "500", O(batch_size), RELAY, 1, 100000, NULL,
+         "rows locked per batch"},
+        {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
+         "longest idle wait; NOTIFY wakes sooner"},
+        {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), RELAY, 0, 0, ordering_names,
+         "aggregate (per-aggregate guard) or none"},
+        {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), RELAY, 1, 1000000, NULL,
+         "attempts before a row goes DEAD"},
+        {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 0, INT_MAX, NULL,
+         "first retry delay"},
+        {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 0, INT_MAX, NULL,
+         "longest retry delay"},
+        {"OUTBOX_TOPIC_TEMPLATE", T_STR, "outbox.event.{aggregate_type}", O(topic_template), RELAY,
+         0, 0, NULL, "topic when topic_name is NULL: {aggregate_type} {event_type} {tenant_id}"},
+        {"OUTBOX_VALUE_FORMAT", T_ENUM, "envelope", O(value_format), RELAY, 0, 0,
+         value_format_names, "envelope or payload"},
+        {"OUTBOX_SERIALIZATION", T_ENUM, "json", O(serialization), RELAY, 0, 0, serialization_names,
+         "json or avro"},
+        {"OUTBOX_SCHEMA_REGISTRY_URL", T_STR, "", O(schema_registry_url), RELAY, 0, 0, NULL,
+         "Confluent schema registry for avro (optional)"},
+        {"OUTBOX_ENVELOPE_FIELDS", T_STR, "", O(envelope_fields), RELAY, 0, 0, NULL,
+         "extra envelope fields: event_key, partition_key, topic_name, "
+         "headers_json.<member>[:name],..."},
+        {"OUTBOX_PRODUCER_NAME", T_STR, "outbox-relay", O(producer_name), RELAY, 0, 0, NULL,
+         "value of the producer header"},
+        {"OUTBOX_HTTP_ADDR", T_STR, "0.0.0.0:9464", O(http_addr), BOTH, 0, 0, NULL,
+         "host:port for /metrics /healthz /readyz, or off"},
+        {"OUTBOX_LOG_LEVEL", T_ENUM, "info", O(log_level), BOTH, 0, 0, log_level_names,
+         "debug, info, warn or error"},
+        {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), BOTH, 0, 0, log_format_names,
+         "json or text"},
+        {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), SWEEPER, 1, INT_MAX, NULL,
+         "a PUBLISHING lock older than this is stale"},
+        {"OUTBOX_SWEEP_INTERVAL_S", T_INT, "30", O(sweep_interval_s), SWEEPER, 1, 86400, NULL,
+         "sweeper loop period"},
+        {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, LLONG_MAX, NULL,
+         "delete PUBLISHED rows older than this; 0 keeps all"},
+        {"OUTBOX_DELETE_BATCH", T_INT, "1000", O(delete_batch), SWEEPER, 1, 1000000, NULL,
+         "rows deleted per statement"},
 };
 #undef O
-#define NOPTS (sizeof opts / sizeof opts[0])
+#define NOPTS        (sizeof opts / sizeof opts[0])
 #define KAFKA_PREFIX "OUTBOX_KAFKA_"
 
 /* Where each option's winning value came from. */
 struct source {
         char *value;
         char where[160];
-        int rank;  /* 0 default, 1 file, 2 env, 3 flag */
+        int rank; /* 0 default, 1 file, 2 env, 3 flag */
 };
 
 static int fail(char *errstr, size_t size, const char *fmt, ...)
@@ -250,8 +251,8 @@ static int set_source(struct source *s, const char *value, int rank, const char 
 }
 
 /* Adds or replaces a Kafka property (a higher rank wins). */
-static int set_kafka(struct config *cfg, int *ranks, const char *name, const char *value,
-                     int rank, const char *source) {
+static int set_kafka(struct config *cfg, int *ranks, const char *name, const char *value, int rank,
+                     const char *source) {
         for (size_t i = 0; i < cfg->kafka_cnt; i++) {
                 if (strcmp(cfg->kafka[i].name, name) != 0)
                         continue;
@@ -372,8 +373,8 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
                 if (errno || end == v || *trim(end) != '\0')
                         return fail(errstr, size, "%s: not an integer: '%s'%s", o->env, v, from);
                 if (n < o->min || n > o->max)
-                        return fail(errstr, size, "%s: %lld is out of range [%lld, %lld]%s",
-                                    o->env, n, o->min, o->max, from);
+                        return fail(errstr, size, "%s: %lld is out of range [%lld, %lld]%s", o->env,
+                                    n, o->min, o->max, from);
                 if (o->type == T_INT)
                         *(int *)field = (int)n;
                 else
@@ -391,8 +392,8 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
                 for (int i = 0; o->choices[i]; i++)
                         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
                                  i ? ", " : "", o->choices[i]);
-                return fail(errstr, size, "%s: unknown value '%s' (expected one of: %s)%s",
-                            o->env, v, list, from);
+                return fail(errstr, size, "%s: unknown value '%s' (expected one of: %s)%s", o->env,
+                            v, list, from);
         }
         return -1;
 }
@@ -439,8 +440,7 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                 if (i == cfg->kafka_cnt)
                         return fail(errstr, size,
                                     "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: required but not set");
-                if (*cfg->schema_registry_url &&
-                    strncmp(cfg->schema_registry_url, "http://", 7) &&
+                if (*cfg->schema_registry_url && strncmp(cfg->schema_registry_url, "http://", 7) &&
                     strncmp(cfg->schema_registry_url, "https://", 8))
                         return fail(errstr, size,
                                     "OUTBOX_SCHEMA_REGISTRY_URL: must start with http:// or "

@@ -14,9 +14,9 @@ enum config_serialization { SERIALIZATION_JSON = 0, SERIALIZATION_AVRO };
 
 /* One librdkafka property and where it came from (for error messages). */
 struct config_kafka_prop {
-        char *name;    /* librdkafka property, e.g. bootstrap.servers */
+        char *name; /* librdkafka property, e.g. bootstrap.servers */
         char *value;
-        char *source;  /* e.g. OUTBOX_KAFKA_BOOTSTRAP_SERVERS */
+        char *source; /* e.g. OUTBOX_KAFKA_BOOTSTRAP_SERVERS */
 };
 
 struct config {
@@ -25,40 +25,39 @@ struct config {
         char *relay_id;
         int batch_size;
         int poll_interval_ms;
-        int ordering;         /* enum config_ordering */
+        int ordering; /* enum config_ordering */
         int max_attempts;
         int backoff_initial_ms;
         int backoff_max_ms;
         char *topic_template;
-        int value_format;     /* enum config_value_format */
-        int serialization;    /* enum config_serialization */
+        int value_format;  /* enum config_value_format */
+        int serialization; /* enum config_serialization */
         char *schema_registry_url;
-        char *envelope_fields;  /* OUTBOX_ENVELOPE_FIELDS, see encode_fields_parse() */
+        char *envelope_fields; /* OUTBOX_ENVELOPE_FIELDS, see encode_fields_parse() */
         char *producer_name;
-        char *http_addr;      /* "off" disables */
-        int log_level;        /* enum log_level */
+        char *http_addr; /* "off" disables */
+        int log_level;   /* enum log_level */
         int log_format_json;
         int lock_timeout_s;
         int sweep_interval_s;
         long long retention_s;
         int delete_batch;
-        int once;             /* sweeper --once */
+        int once; /* sweeper --once */
 
         struct config_kafka_prop *kafka;
         size_t kafka_cnt;
 };
 
 /* Outcomes of config_load() besides 0 (ok) and -1 (bad configuration). */
-#define CONFIG_EXIT_HELP 1     /* --help printed: exit 0 */
-#define CONFIG_EXIT_VERSION 2  /* --version printed: exit 0 */
+#define CONFIG_EXIT_HELP    1 /* --help printed: exit 0 */
+#define CONFIG_EXIT_VERSION 2 /* --version printed: exit 0 */
 
 /* Fills *cfg from argv, the environment, the --config file and defaults, and
  * validates it. On -1, errstr holds one line naming the variable and the
  * problem. Help and version text go to `out`. The caller frees with
  * config_destroy() whatever the result. */
-int config_load(struct config *cfg, enum config_program prog, int argc, char **argv,
-                FILE *out, char *errstr, size_t errstr_size)
-        __attribute__((warn_unused_result));
+int config_load(struct config *cfg, enum config_program prog, int argc, char **argv, FILE *out,
+                char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Frees everything config_load() allocated; safe on a zeroed struct. */
 void config_destroy(struct config *cfg);

@@ -14,13 +14,13 @@
 #include "log.h"
 
 const char *const db_status_names[DB_STATUS_COUNT] = {"PENDING", "PUBLISHING", "PUBLISHED",
-                                                     "FAILED", "DEAD"};
+                                                      "FAILED", "DEAD"};
 
 struct db {
         char *url, *table, *relay_id;
         PGconn *conn;
-        char *qtable;   /* "schema"."table", resolved at connect */
-        char *channel;  /* schema.table */
+        char *qtable;  /* "schema"."table", resolved at connect */
+        char *channel; /* schema.table */
         int prepared_lock[2];
 };
 
@@ -41,9 +41,27 @@ static const char lock_columns[] =
         "to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
         "extract(epoch FROM o.occurred_at)::float8, o.attempt_count";
 
-enum { C_ID, C_TENANT, C_AGG_TYPE, C_AGG_ID, C_AGG_VERSION, C_EVENT_TYPE, C_EVENT_VERSION,
-       C_TOPIC, C_PKEY, C_EVENT_KEY, C_PAYLOAD, C_HEADERS, C_CORRELATION, C_CAUSATION,
-       C_TRACE, C_OCCURRED, C_OCCURRED_EPOCH, C_ATTEMPTS, C_NCOLS };
+enum {
+        C_ID,
+        C_TENANT,
+        C_AGG_TYPE,
+        C_AGG_ID,
+        C_AGG_VERSION,
+        C_EVENT_TYPE,
+        C_EVENT_VERSION,
+        C_TOPIC,
+        C_PKEY,
+        C_EVENT_KEY,
+        C_PAYLOAD,
+        C_HEADERS,
+        C_CORRELATION,
+        C_CAUSATION,
+        C_TRACE,
+        C_OCCURRED,
+        C_OCCURRED_EPOCH,
+        C_ATTEMPTS,
+        C_NCOLS
+};
 
 static int fail(char *errstr, size_t size, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
@@ -108,8 +126,8 @@ static void check_conn(struct db *db) {
                 db_disconnect(db);
 }
 
-static int prepare(struct db *db, const char *name, const char *sql, int nparams,
-                   char *errstr, size_t size) {
+static int prepare(struct db *db, const char *name, const char *sql, int nparams, char *errstr,
+                   size_t size) {
         PGresult *r = PQprepare(db->conn, name, sql, nparams, NULL);
         int rc = PQresultStatus(r) == PGRES_COMMAND_OK
                          ? 0
@@ -138,12 +156,13 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          * `ready` stay as they were (their row locks end with the statement). */
         for (int guard = 0; guard < 2; guard++) {
                 buf_reset(&sql);
-                if (buf_appendf(&sql,
-                                "WITH due AS MATERIALIZED ("
-                                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
-                                "  o.aggregate_id, o.aggregate_version FROM %s o"
-                                " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()",
-                                t))
+                if (buf_appendf(
+                            &sql,
+                            "WITH due AS MATERIALIZED ("
+                            " SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
+                            "  o.aggregate_id, o.aggregate_version FROM %s o"
+                            " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()",
+                            t))
                         goto oom;
                 if (guard && buf_appendf(&sql,
                                          " AND NOT EXISTS (SELECT 1 FROM %s p"
@@ -171,15 +190,16 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                                          "   WHERE x.outbox_id = p.outbox_id))",
                                          t))
                         goto oom;
-                if (buf_appendf(&sql,
-                                "), locked AS ("
-                                " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
-                                "  locked_at = now(), last_attempt_at = now(),"
-                                "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                                " FROM ready WHERE o.outbox_id = ready.outbox_id"
-                                " RETURNING %s)"
-                                " SELECT * FROM locked ORDER BY 2, 3, 4, 5",
-                                t, lock_columns))
+                if (buf_appendf(
+                            &sql,
+                            "), locked AS ("
+                            " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
+                            "  locked_at = now(), last_attempt_at = now(),"
+                            "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
+                            " FROM ready WHERE o.outbox_id = ready.outbox_id"
+                            " RETURNING %s)"
+                            " SELECT * FROM locked ORDER BY 2, 3, 4, 5",
+                            t, lock_columns))
                         goto oom;
                 if (prepare(db, guard ? "lock_guarded" : "lock_unordered", sql.data, 2, errstr,
                             size))
@@ -316,8 +336,9 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
         if (!db_connected(db))
                 return fail(errstr, errstr_size, "not connected");
         snprintf(lim, sizeof lim, "%d", limit);
-        PGresult *r = PQexecPrepared(db->conn, ordering_aggregate ? "lock_guarded" : "lock_unordered",
-                                     2, params, NULL, NULL, 0);
+        PGresult *r =
+                PQexecPrepared(db->conn, ordering_aggregate ? "lock_guarded" : "lock_unordered", 2,
+                               params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
                 fail(errstr, errstr_size, "lock batch: %s", PQerrorMessage(db->conn));
                 PQclear(r);
@@ -406,8 +427,8 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
         return 0;
 }
 
-int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost,
-            char *errstr, size_t errstr_size) {
+int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
+            size_t errstr_size) {
         struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0};
         long long done = 0;
         size_t expected = 0;
@@ -443,12 +464,17 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost,
                 expected += cnt;
                 if (status == DB_PUBLISHED || status == DB_RELEASED) {
                         const char *p[2] = {ids.data, db->relay_id};
-                        if (run_mark(db, status == DB_PUBLISHED ? "mark_published" : "mark_released",
-                                     2, p, &done, errstr, errstr_size))
+                        if (run_mark(db,
+                                     status == DB_PUBLISHED ? "mark_published" : "mark_released", 2,
+                                     p, &done, errstr, errstr_size))
                                 goto out;
                 } else {
-                        const char *p[6] = {status == DB_FAILED ? "FAILED" : "DEAD", ids.data,
-                                            delays.data, codes.data, msgs.data, db->relay_id};
+                        const char *p[6] = {status == DB_FAILED ? "FAILED" : "DEAD",
+                                            ids.data,
+                                            delays.data,
+                                            codes.data,
+                                            msgs.data,
+                                            db->relay_id};
                         if (run_mark(db, "mark_unpublished", 6, p, &done, errstr, errstr_size))
                                 goto out;
                 }
@@ -563,8 +589,8 @@ int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, c
                           lock_timeout_s, limit, n, errstr, errstr_size);
 }
 
-int db_delete_published(struct db *db, long long retention_s, int limit, long long *n,
-                        char *errstr, size_t errstr_size) {
+int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
+                        size_t errstr_size) {
         return exec_count(db, "delete published",
                           "DELETE FROM %s WHERE outbox_id IN (SELECT outbox_id FROM %s"
                           " WHERE status = 'PUBLISHED'"
@@ -573,8 +599,8 @@ int db_delete_published(struct db *db, long long retention_s, int limit, long lo
                           retention_s, limit, n, errstr, errstr_size);
 }
 
-int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s,
-              char *errstr, size_t errstr_size) {
+int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s, char *errstr,
+              size_t errstr_size) {
         struct buf sql = {0};
         int rc = -1;
         if (!db_connected(db))

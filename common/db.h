@@ -25,10 +25,10 @@ enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD, DB_RELEASED };
 struct db_outcome {
         const char *outbox_id;
         enum db_status status;
-        long long delay_ms;      /* DB_FAILED: available_at = now() + delay */
-        const char *code;        /* DB_FAILED, DB_DEAD: last_error_code */
-        const char *message;     /* last_error_message (never a payload) */
-        int marked;              /* set by db_mark() once applied; start at 0 */
+        long long delay_ms;  /* DB_FAILED: available_at = now() + delay */
+        const char *code;    /* DB_FAILED, DB_DEAD: last_error_code */
+        const char *message; /* last_error_message (never a payload) */
+        int marked;          /* set by db_mark() once applied; start at 0 */
 };
 
 #define DB_STATUS_COUNT 5
@@ -42,8 +42,7 @@ struct db *db_new(const char *url, const char *table, const char *relay_id);
 /* (Re)connects: opens the connection, resolves the table (schema and name),
  * LISTENs on its channel and prepares the statements. 0 or -1 (errstr set, no
  * password in it). */
-int db_connect(struct db *db, char *errstr, size_t errstr_size)
-        __attribute__((warn_unused_result));
+int db_connect(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Nonzero while the connection is believed good. */
 int db_connected(const struct db *db);
@@ -68,8 +67,8 @@ void db_batch_clear(struct db_batch *b);
  * outcomes it applied. *lost gets the number of rows whose lock was taken
  * back meanwhile. 0, or -1 with errstr set: call again with the same array
  * after reconnecting, and only the outcomes not yet marked are applied. */
-int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost,
-            char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
+            size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Waits up to timeout_ms for a NOTIFY on the table's channel. 1 notified,
  * 0 timed out or interrupted by a signal, -1 connection lost. */
@@ -77,19 +76,19 @@ int db_wait(struct db *db, int timeout_ms);
 
 /* Sweeper: moves at most `limit` PUBLISHING rows locked longer than
  * lock_timeout_s ago to FAILED (STALE_LOCK, due now). *n gets the count. */
-int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n,
-                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
+                   size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Sweeper: deletes at most `limit` PUBLISHED rows published more than
  * retention_s ago. *n gets the count. */
-int db_delete_published(struct db *db, long long retention_s, int limit, long long *n,
-                        char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
+                        size_t errstr_size) __attribute__((warn_unused_result));
 
 /* One query for the table gauges: counts by status (db_status_names order;
  * PUBLISHED from the statistics collector's live-row count, the others exact) and the age in
  * seconds of the oldest PENDING or FAILED row (0 when none). */
-int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s,
-              char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s, char *errstr,
+              size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Closes and frees. NULL is a no-op. */
 void db_destroy(struct db *db);

@@ -119,9 +119,9 @@ int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {
 
 /* Keys of the envelope itself (DESIGN.md), in order. */
 static const char *const envelope_keys[] = {
-        "event_id",     "event_type",        "event_version", "tenant_id",
-        "aggregate_type", "aggregate_id",    "aggregate_version", "occurred_at",
-        "correlation_id", "causation_id",    "trace_id",      "payload",
+        "event_id",       "event_type",   "event_version",     "tenant_id",
+        "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at",
+        "correlation_id", "causation_id", "trace_id",          "payload",
 };
 
 static int valid_name(const char *s) {
@@ -277,8 +277,7 @@ int encode_envelope_json_fields(const struct outbox_event *ev, const struct enco
                  buf_append(out, ",\"causation_id\":", 16) ||
                  buf_append_json_string(out, ev->causation_id) ||
                  buf_append(out, ",\"trace_id\":", 12) ||
-                 buf_append_json_string(out, ev->trace_id) ||
-                 buf_append(out, ",\"payload\":", 11);
+                 buf_append_json_string(out, ev->trace_id) || buf_append(out, ",\"payload\":", 11);
         if (rc)
                 return -1;
         if (ev->payload)
@@ -319,10 +318,9 @@ static int netstring(const char **p, const char *e, const char **val, size_t *le
         return 0;
 }
 
-int encode_headers(const struct outbox_event *ev, const char *producer,
-                   const char *content_type, const char *schema_id,
-                   struct encode_header *hdrs, struct buf *scratch, char *errstr,
-                   size_t errstr_size) {
+int encode_headers(const struct outbox_event *ev, const char *producer, const char *content_type,
+                   const char *schema_id, struct encode_header *hdrs, struct buf *scratch,
+                   char *errstr, size_t errstr_size) {
         return encode_headers_fields(ev, producer, content_type, schema_id, NULL, hdrs, scratch,
                                      errstr, errstr_size);
 }
@@ -362,8 +360,9 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
         const char *event_version = scratch->data;
         scratch->len += (size_t)snprintf(scratch->data, 24, "%d", ev->event_version) + 1;
         const char *aggregate_version = scratch->data + scratch->len;
-        scratch->len += (size_t)snprintf(scratch->data + scratch->len, 24, "%lld",
-                                         ev->aggregate_version) + 1;
+        scratch->len +=
+                (size_t)snprintf(scratch->data + scratch->len, 24, "%lld", ev->aggregate_version) +
+                1;
 
         struct encode_header fixed[] = {
                 {"event-id", ev->outbox_id, 0},

@@ -42,16 +42,16 @@ enum encode_field_source {
         FIELD_EVENT_KEY = 0,
         FIELD_PARTITION_KEY,
         FIELD_TOPIC_NAME,
-        FIELD_HEADER  /* headers_json.<member> */
+        FIELD_HEADER /* headers_json.<member> */
 };
 
-#define ENCODE_MAX_FIELDS 16
+#define ENCODE_MAX_FIELDS     16
 #define ENCODE_FIELD_NAME_MAX 64
 
 struct encode_field {
-        int source;                        /* enum encode_field_source */
-        char member[128];                  /* FIELD_HEADER: the headers_json member */
-        char name[ENCODE_FIELD_NAME_MAX];  /* key in the envelope (an Avro name) */
+        int source;                       /* enum encode_field_source */
+        char member[128];                 /* FIELD_HEADER: the headers_json member */
+        char name[ENCODE_FIELD_NAME_MAX]; /* key in the envelope (an Avro name) */
 };
 
 struct encode_fields {
@@ -94,10 +94,9 @@ struct encode_header {
  * both alive while hdrs is used. Returns the header count, or -1 when
  * ev->headers is NULL (headers_json is not an object) or malformed, with a
  * reason in errstr. */
-int encode_headers(const struct outbox_event *ev, const char *producer,
-                   const char *content_type, const char *schema_id,
-                   struct encode_header *hdrs, struct buf *scratch, char *errstr,
-                   size_t errstr_size) __attribute__((warn_unused_result));
+int encode_headers(const struct outbox_event *ev, const char *producer, const char *content_type,
+                   const char *schema_id, struct encode_header *hdrs, struct buf *scratch,
+                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* As encode_headers(), leaving out what `fields` (may be NULL) places in the
  * envelope: those headers_json members, and event-key when event_key is placed. */

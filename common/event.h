@@ -15,10 +15,10 @@ struct outbox_event {
         long long aggregate_version;
         const char *event_type;
         int event_version;
-        const char *topic_name;      /* NULL: from the topic template */
-        const char *partition_key;   /* NULL: aggregate_id */
+        const char *topic_name;    /* NULL: from the topic template */
+        const char *partition_key; /* NULL: aggregate_id */
         const char *event_key;
-        const char *payload;         /* JSON text; NULL publishes a tombstone */
+        const char *payload; /* JSON text; NULL publishes a tombstone */
         size_t payload_len;
         /* headers_json members as a netstring list "<len>:<name><len>:<value>..."
          * (values: strings as they are, other JSON as JSON text); NULL when
@@ -27,9 +27,9 @@ struct outbox_event {
         const char *correlation_id;
         const char *causation_id;
         const char *trace_id;
-        const char *occurred_at;     /* RFC 3339, UTC */
-        double occurred_at_epoch;    /* seconds since the epoch */
-        int attempt_count;           /* after this lock */
+        const char *occurred_at;  /* RFC 3339, UTC */
+        double occurred_at_epoch; /* seconds since the epoch */
+        int attempt_count;        /* after this lock */
 };
 
 #endif

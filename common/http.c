@@ -22,10 +22,10 @@
 #include "log.h"
 #include "metrics.h"
 
-#define HTTP_POLL_MS 200         /* how often the thread looks at the stop flag */
-#define HTTP_IO_TIMEOUT_MS 2000  /* reading the whole request */
+#define HTTP_POLL_MS         200  /* how often the thread looks at the stop flag */
+#define HTTP_IO_TIMEOUT_MS   2000 /* reading the whole request */
 #define HTTP_SEND_TIMEOUT_MS 5000 /* writing the whole response */
-#define HTTP_REQUEST_MAX 4096    /* request line and headers we read */
+#define HTTP_REQUEST_MAX     4096 /* request line and headers we read */
 #define HTTP_DEFAULT_STALL_S 60
 
 struct http {

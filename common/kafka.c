@@ -49,10 +49,8 @@ static int is_permanent(rd_kafka_resp_err_t err) {
         case RD_KAFKA_RESP_ERR__INVALID_ARG:
         case RD_KAFKA_RESP_ERR__BAD_MSG:
         case RD_KAFKA_RESP_ERR__KEY_SERIALIZATION:
-        case RD_KAFKA_RESP_ERR__VALUE_SERIALIZATION:
-                return 1;
-        default:
-                return 0;
+        case RD_KAFKA_RESP_ERR__VALUE_SERIALIZATION: return 1;
+        default: return 0;
         }
 }
 
@@ -81,21 +79,23 @@ static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         (void)rk;
         if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
                 k->broker_up = 0;
-        log_write(err == RD_KAFKA_RESP_ERR__FATAL ? LOG_ERROR : LOG_WARN, "kafka",
-                  "producer error", "err=%s reason=%s",
-                  rd_kafka_err2name((rd_kafka_resp_err_t)err), log_quote(reason));
+        log_write(err == RD_KAFKA_RESP_ERR__FATAL ? LOG_ERROR : LOG_WARN, "kafka", "producer error",
+                  "err=%s reason=%s", rd_kafka_err2name((rd_kafka_resp_err_t)err),
+                  log_quote(reason));
 }
 
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
         (void)rk;
-        enum log_level l = level <= 3 ? LOG_ERROR : level <= 4 ? LOG_WARN
-                         : level <= 6 ? LOG_INFO : LOG_DEBUG;
+        enum log_level l = level <= 3   ? LOG_ERROR
+                           : level <= 4 ? LOG_WARN
+                           : level <= 6 ? LOG_INFO
+                                        : LOG_DEBUG;
         if (log_enabled(l))
                 log_write(l, "kafka", "librdkafka", "fac=%s text=%s", fac, log_quote(buf));
 }
 
-static int conf_set(rd_kafka_conf_t *conf, const char *name, const char *value,
-                    const char *source, char *errstr, size_t errstr_size) {
+static int conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, const char *source,
+                    char *errstr, size_t errstr_size) {
         char err[512];
         if (rd_kafka_conf_set(conf, name, value, err, sizeof err) == RD_KAFKA_CONF_OK)
                 return 0;
@@ -150,8 +150,8 @@ int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)
         return 0;
 }
 
-struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx,
-                        char *errstr, size_t errstr_size) {
+struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
+                        size_t errstr_size) {
         struct kafka *k = calloc(1, sizeof *k);
         if (!k) {
                 snprintf(errstr, errstr_size, "out of memory");

@@ -11,10 +11,10 @@ struct kafka;
 
 /* The outcome of one message, given to the delivery callback. */
 struct kafka_result {
-        int ok;                 /* acknowledged by the broker */
-        int permanent;          /* a retry cannot succeed (DESIGN.md step 4) */
-        const char *code;       /* rd_kafka_err2name(), e.g. _MSG_TIMED_OUT; static */
-        const char *message;    /* human text; valid during the callback only */
+        int ok;              /* acknowledged by the broker */
+        int permanent;       /* a retry cannot succeed (DESIGN.md step 4) */
+        const char *code;    /* rd_kafka_err2name(), e.g. _MSG_TIMED_OUT; static */
+        const char *message; /* human text; valid during the callback only */
 };
 
 /* Called from kafka_poll()/kafka_wait() in the caller's thread, once per
@@ -28,8 +28,8 @@ int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 /* Creates the producer. NULL on failure (errstr says why). */
-struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx,
-                        char *errstr, size_t errstr_size);
+struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
+                        size_t errstr_size);
 
 /* Queues one message (copies key, value and headers). Returns 0, or -1 with
  * *res filled (the message was not queued and no callback will come).

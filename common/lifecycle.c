@@ -59,8 +59,8 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                 }
         }
         config_redact_url(lc->cfg.database_url, url, sizeof url);
-        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION,
-                 log_quote(url), lc->cfg.http_addr);
+        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, log_quote(url),
+                 lc->cfg.http_addr);
         return -1;
 }
 

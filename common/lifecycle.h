@@ -13,8 +13,8 @@
 /* The process-wide state lifecycle_start() builds. */
 struct lifecycle {
         struct config cfg;
-        struct http *http;             /* NULL with OUTBOX_HTTP_ADDR=off */
-        volatile sig_atomic_t *stop;   /* set by SIGTERM/SIGINT; a second one exits at once */
+        struct http *http;           /* NULL with OUTBOX_HTTP_ADDR=off */
+        volatile sig_atomic_t *stop; /* set by SIGTERM/SIGINT; a second one exits at once */
 };
 
 /* Extra validation of a loaded configuration (the relay's librdkafka

@@ -101,8 +101,7 @@ static void fields_to_json(const char *f, char *out, size_t cap, size_t *o) {
         }
 }
 
-void log_write(enum log_level level, const char *mod, const char *msg,
-               const char *fields, ...) {
+void log_write(enum log_level level, const char *mod, const char *msg, const char *fields, ...) {
         if (!log_enabled(level))
                 return;
 
@@ -135,9 +134,9 @@ void log_write(enum log_level level, const char *mod, const char *msg,
                 fields_to_json(fbuf, line, sizeof line - 3, &o);
                 line[o++] = '}';
         } else {
-                o += (size_t)snprintf(line, sizeof line, "ts=%s level=%s mod=%s msg=%s%s%s",
-                                      tbuf, level_names[level], mod, log_quote(msg),
-                                      fbuf[0] ? " " : "", fbuf);
+                o += (size_t)snprintf(line, sizeof line, "ts=%s level=%s mod=%s msg=%s%s%s", tbuf,
+                                      level_names[level], mod, log_quote(msg), fbuf[0] ? " " : "",
+                                      fbuf);
                 if (o > sizeof line - 2)
                         o = sizeof line - 2;
         }

@@ -17,21 +17,18 @@
 #define METRICS_MAX_SERIES 64
 /* Longer label values are cut (at a UTF-8 character boundary). */
 #define METRICS_LABEL_MAX 256
-#define METRICS_OTHER "other"
+#define METRICS_OTHER     "other"
 
 enum metric_type { MT_COUNTER, MT_GAUGE, MT_HISTOGRAM, MT_INFO };
 
-static const double latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025,
-                                         0.05,  0.1,    0.25,  0.5,  1,
-                                         2.5,   5,      10,    30,   60};
-static const double batch_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                       0.1,   0.25,   0.5,   1,    2.5,   5,
-                                       10,    30,     60,    120};
+static const double latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                         0.5,   1,      2.5,   5,    10,    30,   60};
+static const double batch_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5,   1,      2.5,   5,    10,    30,   60,  120};
 /* 64 B .. 4 MiB, powers of 4. */
-static const double size_buckets[] = {64,    256,    1024,    4096,   16384,
-                                      65536, 262144, 1048576, 4194304};
+static const double size_buckets[] = {64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304};
 
-#define NBUCKETS(a) (sizeof(a) / sizeof((a)[0]))
+#define NBUCKETS(a)         (sizeof(a) / sizeof((a)[0]))
 #define METRICS_MAX_BUCKETS 16
 
 struct metric_def {
@@ -44,10 +41,10 @@ struct metric_def {
         int sweeper; /* exposed by outbox-sweeper (the rest: by outbox-relay) */
 };
 
-#define COUNTER(id, n, l, h) [id] = {n, MT_COUNTER, h, l, NULL, 0, 0}
+#define COUNTER(id, n, l, h)      [id] = {n, MT_COUNTER, h, l, NULL, 0, 0}
 #define SWEEPER_COUNTER(id, n, h) [id] = {n, MT_COUNTER, h, NULL, NULL, 0, 1}
-#define GAUGE(id, n, l, h) [id] = {n, MT_GAUGE, h, l, NULL, 0, 0}
-#define HISTOGRAM(id, n, b, h) [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b), 0}
+#define GAUGE(id, n, l, h)        [id] = {n, MT_GAUGE, h, l, NULL, 0, 0}
+#define HISTOGRAM(id, n, b, h)    [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b), 0}
 
 static const struct metric_def metric_defs[M_COUNT] = {
         COUNTER(M_EVENTS_PUBLISHED, "outbox_events_published_total", "topic",
@@ -76,8 +73,8 @@ static const struct metric_def metric_defs[M_COUNT] = {
                         "Stale row locks reset by the sweeper."),
         SWEEPER_COUNTER(M_SWEEPER_DELETED, "outbox_sweeper_rows_deleted_total",
                         "PUBLISHED rows deleted by the sweeper after retention."),
-        [M_BUILD_INFO] = {"outbox_build_info", MT_INFO,
-                          "Build information; the value is always 1.", NULL, NULL, 0, 1},
+        [M_BUILD_INFO] = {"outbox_build_info", MT_INFO, "Build information; the value is always 1.",
+                          NULL, NULL, 0, 1},
 };
 
 struct series {
@@ -267,8 +264,8 @@ static int append_escaped(struct buf *out, const char *s, int quote) {
         return buf_append(out, run, strlen(run));
 }
 
-static int render_sample(struct buf *out, const char *name, const char *suffix,
-                         const char *label, const char *label_value, double v) {
+static int render_sample(struct buf *out, const char *name, const char *suffix, const char *label,
+                         const char *label_value, double v) {
         char num[64];
         format_number(num, sizeof num, v);
         if (buf_appendf(out, "%s%s", name, suffix) != 0)
@@ -314,8 +311,7 @@ static int render_metric(struct buf *out, enum metric_id id) {
             buf_appendf(out, "\n# TYPE %s %s\n", d->name, type_names[d->type]) != 0)
                 return -1;
         switch (d->type) {
-        case MT_HISTOGRAM:
-                return render_histogram(out, d, st);
+        case MT_HISTOGRAM: return render_histogram(out, d, st);
         case MT_INFO:
                 if (buf_appendf(out, "%s{version=\"", d->name) != 0 ||
                     append_escaped(out, OUTBOX_VERSION, 1) != 0 ||

@@ -7,20 +7,20 @@
 #include "encode.h"
 
 enum metric_id {
-        M_EVENTS_PUBLISHED,      /* counter, label topic */
-        M_EVENTS_FAILED,         /* counter, label error_code */
-        M_EVENTS_DEAD,           /* counter, label error_code */
-        M_LOCK_LOST,             /* counter */
-        M_BATCHES,               /* counter */
-        M_PUBLISH_LATENCY,       /* histogram, seconds */
-        M_BATCH_DURATION,        /* histogram, seconds */
-        M_EVENT_SIZE,            /* histogram, bytes */
-        M_EVENTS,                /* gauge, label status */
-        M_OLDEST_PENDING_AGE,    /* gauge, seconds */
-        M_LAST_BATCH_TIMESTAMP,  /* gauge, unix seconds */
-        M_SWEEPER_STALE_RESET,   /* counter */
-        M_SWEEPER_DELETED,       /* counter */
-        M_BUILD_INFO,            /* gauge 1, labels version, program */
+        M_EVENTS_PUBLISHED,     /* counter, label topic */
+        M_EVENTS_FAILED,        /* counter, label error_code */
+        M_EVENTS_DEAD,          /* counter, label error_code */
+        M_LOCK_LOST,            /* counter */
+        M_BATCHES,              /* counter */
+        M_PUBLISH_LATENCY,      /* histogram, seconds */
+        M_BATCH_DURATION,       /* histogram, seconds */
+        M_EVENT_SIZE,           /* histogram, bytes */
+        M_EVENTS,               /* gauge, label status */
+        M_OLDEST_PENDING_AGE,   /* gauge, seconds */
+        M_LAST_BATCH_TIMESTAMP, /* gauge, unix seconds */
+        M_SWEEPER_STALE_RESET,  /* counter */
+        M_SWEEPER_DELETED,      /* counter */
+        M_BUILD_INFO,           /* gauge 1, labels version, program */
         M_COUNT
 };
 

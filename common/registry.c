@@ -11,7 +11,7 @@
 #include "config.h"
 #include "encode.h"
 
-#define BUCKETS 256
+#define BUCKETS  256
 #define MAX_BODY (64 * 1024)
 
 struct entry {
@@ -22,12 +22,12 @@ struct entry {
 };
 
 struct registry {
-        char *url;        /* without a trailing '/' */
+        char *url; /* without a trailing '/' */
         char redacted[512];
         CURL *curl;
         struct curl_slist *headers;
         struct entry *buckets[BUCKETS];
-        double down_until;  /* monotonic seconds */
+        double down_until; /* monotonic seconds */
         char down_reason[200];
         unsigned long requests;
 };
@@ -47,7 +47,8 @@ static uint64_t fnv1a(const char *s) {
 
 struct registry *registry_new(const char *url, char *errstr, size_t errstr_size) {
         if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) {
-                snprintf(errstr, errstr_size, "schema registry URL must start with http:// or https://");
+                snprintf(errstr, errstr_size,
+                         "schema registry URL must start with http:// or https://");
                 return NULL;
         }
         struct registry *reg = calloc(1, sizeof *reg);
@@ -64,9 +65,13 @@ struct registry *registry_new(const char *url, char *errstr, size_t errstr_size)
                 reg->url[--n] = '\0';
         config_redact_url(reg->url, reg->redacted, sizeof reg->redacted);
         reg->curl = curl_easy_init();
-        reg->headers = curl_slist_append(NULL, "Content-Type: application/vnd.schemaregistry.v1+json");
-        struct curl_slist *h = reg->headers ? curl_slist_append(reg->headers,
-                "Accept: application/vnd.schemaregistry.v1+json, application/json") : NULL;
+        reg->headers =
+                curl_slist_append(NULL, "Content-Type: application/vnd.schemaregistry.v1+json");
+        struct curl_slist *h =
+                reg->headers ? curl_slist_append(reg->headers,
+                                                 "Accept: application/vnd.schemaregistry.v1+json, "
+                                                 "application/json")
+                             : NULL;
         if (!reg->curl || !h)
                 goto oom;
         reg->headers = h;
@@ -94,7 +99,9 @@ void registry_destroy(struct registry *reg) {
         curl_global_cleanup();
 }
 
-unsigned long registry_requests(const struct registry *reg) { return reg->requests; }
+unsigned long registry_requests(const struct registry *reg) {
+        return reg->requests;
+}
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ctx) {
         struct buf *b = ctx;
@@ -195,8 +202,8 @@ done:
         return rc;
 }
 
-int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json,
-                       int *id, const char **code, char *errstr, size_t errstr_size) {
+int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json, int *id,
+                       const char **code, char *errstr, size_t errstr_size) {
         uint64_t sh = fnv1a(schema_json);
         struct entry **slot = &reg->buckets[fnv1a(subject) % BUCKETS];
         for (struct entry **e = slot; *e; e = &(*e)->next) {

@@ -14,9 +14,9 @@
 
 #include <stddef.h>
 
-#define REGISTRY_TIMEOUT_MS 5000        /* whole request */
+#define REGISTRY_TIMEOUT_MS         5000 /* whole request */
 #define REGISTRY_CONNECT_TIMEOUT_MS 2000
-#define REGISTRY_RETRY_MS 1000
+#define REGISTRY_RETRY_MS           1000
 
 struct registry;
 
@@ -33,8 +33,8 @@ void registry_destroy(struct registry *reg);
  * "REGISTRY_REJECTED") and errstr set (no credentials in it). A given subject
  * is assumed to be always asked with the same schema text; a different text
  * for a cached subject is looked up again and replaces the entry. */
-int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json,
-                       int *id, const char **code, char *errstr, size_t errstr_size)
+int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json, int *id,
+                       const char **code, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 /* Requests sent so far (for tests of the cache). */

@@ -23,12 +23,12 @@
 
 /* What happened to one row of the batch. */
 struct row_state {
-        int done;        /* outcome known (delivery report or produce error) */
+        int done; /* outcome known (delivery report or produce error) */
         int ok;
         int permanent;
-        int released;    /* never produced: goes back unattempted (DB_RELEASED) */
-        int wave;        /* position in its aggregate's run of versions in the batch */
-        const char *code;  /* static: rd_kafka_err2name() or our own codes */
+        int released;     /* never produced: goes back unattempted (DB_RELEASED) */
+        int wave;         /* position in its aggregate's run of versions in the batch */
+        const char *code; /* static: rd_kafka_err2name() or our own codes */
         char message[160];
         char *topic;
         size_t size;
@@ -66,7 +66,6 @@ static double wall_s(void) {
         clock_gettime(CLOCK_REALTIME, &ts);
         return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
-
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
         long long d = initial_ms;
@@ -192,10 +191,9 @@ static void produce_row(struct relay *r, size_t i) {
                 }
                 snprintf(sid, sizeof sid, "%d", schema_id);
         }
-        int n = encode_headers_fields(ev, cfg->producer_name,
-                                      r->avro ? "application/avro" : "application/json",
-                                      schema_id >= 0 ? sid : NULL, &r->fields, r->hdrs,
-                                      &r->scratch, err, sizeof err);
+        int n = encode_headers_fields(
+                ev, cfg->producer_name, r->avro ? "application/avro" : "application/json",
+                schema_id >= 0 ? sid : NULL, &r->fields, r->hdrs, &r->scratch, err, sizeof err);
         if (n < 0) {
                 row_fail(st, 1, "INVALID_HEADERS", err);
                 return;
@@ -295,8 +293,8 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         o->status = DB_DEAD;
                         if (!st->permanent) {
                                 char why[sizeof st->message];
-                                snprintf(why, sizeof why, "%.100s (attempt %d of %d)",
-                                         st->message, ev->attempt_count, cfg->max_attempts);
+                                snprintf(why, sizeof why, "%.100s (attempt %d of %d)", st->message,
+                                         ev->attempt_count, cfg->max_attempts);
                                 memcpy(st->message, why, sizeof why);
                         }
                         metrics_add(M_EVENTS_DEAD, st->code, 1);
@@ -315,8 +313,8 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         first_code = st->code;
         }
         if (failed)
-                log_warn("relay", "events failed, will retry", "failed=%zu dead=%zu batch=%zu err=%s",
-                         failed, dead, n, first_code);
+                log_warn("relay", "events failed, will retry",
+                         "failed=%zu dead=%zu batch=%zu err=%s", failed, dead, n, first_code);
         return n;
 }
 

@@ -10,7 +10,6 @@
 #include "log.h"
 #include "metrics.h"
 
-
 struct sweeper {
         const struct config *cfg;
         struct http *http;
@@ -141,11 +140,11 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                         if (ensure_db(s, stop) == 0 && sweep_once(s, stop) == 0)
                                 return 0;
                         if (mono_s() > deadline) {
-                                log_error("sweeper", "giving up: sweep not completed",
-                                          "retry_s=%d", SWEEPER_ONCE_RETRY_S);
+                                log_error("sweeper", "giving up: sweep not completed", "retry_s=%d",
+                                          SWEEPER_ONCE_RETRY_S);
                                 return 1;
                         }
-                        if (db_connected(s->db))  /* a failed statement, not a lost database */
+                        if (db_connected(s->db)) /* a failed statement, not a lost database */
                                 nap(s, 1000, stop);
                 }
                 log_info("sweeper", "stopped", NULL);

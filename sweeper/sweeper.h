@@ -14,9 +14,9 @@ struct sweeper;
 
 /* What one sweep did. */
 struct sweep_result {
-        long long stale_reset;  /* PUBLISHING rows returned to FAILED (STALE_LOCK) */
-        long long deleted;      /* PUBLISHED rows deleted */
-        int statements;         /* delete statements run */
+        long long stale_reset; /* PUBLISHING rows returned to FAILED (STALE_LOCK) */
+        long long deleted;     /* PUBLISHED rows deleted */
+        int statements;        /* delete statements run */
 };
 
 /* Builds the sweeper from a loaded configuration; nothing connects yet.

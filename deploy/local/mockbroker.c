@@ -57,9 +57,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define MAX_CLIENTS 16
-#define LINE_SIZE 1024
-#define PRODUCE_API_KEY 0 /* Kafka protocol ApiKey of ProduceRequest */
+#define MAX_CLIENTS       16
+#define LINE_SIZE         1024
+#define PRODUCE_API_KEY   0 /* Kafka protocol ApiKey of ProduceRequest */
 #define MAX_PUSHED_ERRORS 1000000
 
 /*
@@ -108,9 +108,9 @@ static void on_signal(int sig) {
 }
 
 struct client {
-        int fd;                 /* -1: free slot */
-        size_t len;             /* bytes buffered in line */
-        int discarding;         /* dropping the rest of an over-long line */
+        int fd;         /* -1: free slot */
+        size_t len;     /* bytes buffered in line */
+        int discarding; /* dropping the rest of an over-long line */
         char line[LINE_SIZE];
 };
 
@@ -168,28 +168,25 @@ static int err_by_name(const char *name, rd_kafka_resp_err_t *out) {
 }
 
 /* Creates topic NAME with PARTS partitions, replication min(3, brokers). */
-static int topic_create(struct mock *m, const char *name, int parts,
-                        char *errstr, size_t errstr_size) {
+static int topic_create(struct mock *m, const char *name, int parts, char *errstr,
+                        size_t errstr_size) {
         rd_kafka_resp_err_t err;
         int rf = m->broker_cnt < 3 ? m->broker_cnt : 3;
 
         err = rd_kafka_mock_topic_create(m->mc, name, parts, rf);
         if (err) {
-                snprintf(errstr, errstr_size, "topic %s: %s", name,
-                         rd_kafka_err2str(err));
+                snprintf(errstr, errstr_size, "topic %s: %s", name, rd_kafka_err2str(err));
                 return -1;
         }
         return 0;
 }
 
 /* Sets broker ID (or -1 for all) down or up. */
-static int broker_set(struct mock *m, int32_t id, int down, char *errstr,
-                      size_t errstr_size) {
+static int broker_set(struct mock *m, int32_t id, int down, char *errstr, size_t errstr_size) {
         rd_kafka_resp_err_t err = down ? rd_kafka_mock_broker_set_down(m->mc, id)
                                        : rd_kafka_mock_broker_set_up(m->mc, id);
         if (err) {
-                snprintf(errstr, errstr_size, "broker %d: %s", (int)id,
-                         rd_kafka_err2str(err));
+                snprintf(errstr, errstr_size, "broker %d: %s", (int)id, rd_kafka_err2str(err));
                 return -1;
         }
         if (id == -1)
@@ -218,8 +215,7 @@ static int parse_broker(struct mock *m, const char *s, int32_t *id) {
  * answer line (without newline) to reply. Returns 1 if the client asked to
  * close the connection, else 0.
  */
-static int control_exec(struct mock *m, char *line, char *reply,
-                        size_t reply_size) {
+static int control_exec(struct mock *m, char *line, char *reply, size_t reply_size) {
         char errstr[512];
         char *save = NULL;
         char *cmd = strtok_r(line, " \t\r", &save);
@@ -258,8 +254,7 @@ static int control_exec(struct mock *m, char *line, char *reply,
                 long i;
 
                 if (parse_int(a1, 1, MAX_PUSHED_ERRORS, &n) || !a2) {
-                        snprintf(reply, reply_size,
-                                 "ERR usage: produce_errors N(1..%d) ERRNAME",
+                        snprintf(reply, reply_size, "ERR usage: produce_errors N(1..%d) ERRNAME",
                                  MAX_PUSHED_ERRORS);
                 } else if (err_by_name(a2, &err)) {
                         snprintf(reply, reply_size, "ERR unknown error name %s", a2);
@@ -268,8 +263,8 @@ static int control_exec(struct mock *m, char *line, char *reply,
                 } else {
                         for (i = 0; i < n; i++)
                                 errs[i] = err;
-                        rd_kafka_mock_push_request_errors_array(
-                            m->mc, PRODUCE_API_KEY, (size_t)n, errs);
+                        rd_kafka_mock_push_request_errors_array(m->mc, PRODUCE_API_KEY, (size_t)n,
+                                                                errs);
                         free(errs);
                         logmsg("%ld produce errors %s pushed", n, rd_kafka_err2name(err));
                         snprintf(reply, reply_size, "OK %ld %s", n, rd_kafka_err2name(err));
@@ -295,8 +290,7 @@ static int control_exec(struct mock *m, char *line, char *reply,
                 else
                         snprintf(reply, reply_size, "OK topic %s %ld", a1, parts);
         } else {
-                snprintf(reply, reply_size, "ERR unknown command or bad arguments: %s",
-                         cmd);
+                snprintf(reply, reply_size, "ERR unknown command or bad arguments: %s", cmd);
         }
         return 0;
 }
@@ -401,8 +395,7 @@ static int control_listen(int *port) {
         sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         sin.sin_port = 0;
         if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-            bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 ||
-            listen(fd, 16) != 0 ||
+            bind(fd, (struct sockaddr *)&sin, sizeof sin) != 0 || listen(fd, 16) != 0 ||
             getsockname(fd, (struct sockaddr *)&sin, &slen) != 0) {
                 logmsg("control socket: %s", strerror(errno));
                 close(fd);
@@ -448,8 +441,7 @@ static int topic_arg(struct mock *m, const char *arg) {
         long parts = 1;
         size_t len = colon ? (size_t)(colon - arg) : strlen(arg);
 
-        if (len == 0 || len >= sizeof name ||
-            (colon && parse_int(colon + 1, 1, 100000, &parts))) {
+        if (len == 0 || len >= sizeof name || (colon && parse_int(colon + 1, 1, 100000, &parts))) {
                 logmsg("bad topic argument '%s' (want name:partitions)", arg);
                 return -1;
         }
@@ -588,8 +580,7 @@ int main(int argc, char **argv) {
         }
 
         conf = rd_kafka_conf_new();
-        if (rd_kafka_conf_set(conf, "log_level", "4", errstr, sizeof errstr) !=
-            RD_KAFKA_CONF_OK) {
+        if (rd_kafka_conf_set(conf, "log_level", "4", errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
                 logmsg("conf: %s", errstr);
                 rd_kafka_conf_destroy(conf);
                 return 1;
@@ -628,8 +619,7 @@ int main(int argc, char **argv) {
                 logmsg("stdout: %s", strerror(errno));
                 goto out;
         }
-        logmsg("%d brokers ready at %s, control %s", m.broker_cnt, bootstraps,
-               control_addr);
+        logmsg("%d brokers ready at %s, control %s", m.broker_cnt, bootstraps, control_addr);
 
         if (serve(&m, &waitmask) == 0)
                 ret = 0;

@@ -20,7 +20,8 @@ TestSuite(avro, .fini = fini);
 static const char envelope_canonical[] =
         "{\"name\":\"io.outboxrelay.OutboxEnvelope\",\"type\":\"record\",\"fields\":["
         "{\"name\":\"event_id\",\"type\":\"string\"},{\"name\":\"event_type\",\"type\":\"string\"},"
-        "{\"name\":\"event_version\",\"type\":\"int\"},{\"name\":\"tenant_id\",\"type\":\"string\"},"
+        "{\"name\":\"event_version\",\"type\":\"int\"},{\"name\":\"tenant_id\",\"type\":\"string\"}"
+        ","
         "{\"name\":\"aggregate_type\",\"type\":\"string\"},"
         "{\"name\":\"aggregate_id\",\"type\":\"string\"},"
         "{\"name\":\"aggregate_version\",\"type\":\"long\"},"
@@ -70,18 +71,27 @@ Test(avro, crc64_matches_the_specification) {
 }
 
 Test(avro, canonical_form_like_python_avro) {
-        struct { const char *in, *want; } c[] = {
+        struct {
+                const char *in, *want;
+        } c[] = {
                 {"\"null\"", "\"null\""},
                 {"{\"type\":\"int\"}", "\"int\""},
-                {"{\"type\":\"fixed\",\"name\":\"F\",\"namespace\":\"a.b\",\"size\":4,\"doc\":\"x\"}",
+                {"{\"type\":\"fixed\",\"name\":\"F\",\"namespace\":\"a.b\",\"size\":4,\"doc\":"
+                 "\"x\"}",
                  "{\"name\":\"a.b.F\",\"type\":\"fixed\",\"size\":4}"},
-                {"{\"type\":\"record\",\"name\":\"R\",\"fields\":[{\"name\":\"e\",\"type\":{\"type\":"
-                 "\"enum\",\"name\":\"E\",\"symbols\":[\"A\",\"B\"]}},{\"name\":\"m\",\"type\":{\"type\":"
-                 "\"map\",\"values\":{\"type\":\"array\",\"items\":\"long\"}}},{\"name\":\"r\",\"type\":"
+                {"{\"type\":\"record\",\"name\":\"R\",\"fields\":[{\"name\":\"e\",\"type\":{"
+                 "\"type\":"
+                 "\"enum\",\"name\":\"E\",\"symbols\":[\"A\",\"B\"]}},{\"name\":\"m\",\"type\":{"
+                 "\"type\":"
+                 "\"map\",\"values\":{\"type\":\"array\",\"items\":\"long\"}}},{\"name\":\"r\","
+                 "\"type\":"
                  "[\"null\",\"R\"]},{\"name\":\"e2\",\"type\":\"E\"}]}",
-                 "{\"name\":\"R\",\"type\":\"record\",\"fields\":[{\"name\":\"e\",\"type\":{\"name\":"
-                 "\"E\",\"type\":\"enum\",\"symbols\":[\"A\",\"B\"]}},{\"name\":\"m\",\"type\":{\"type\":"
-                 "\"map\",\"values\":{\"type\":\"array\",\"items\":\"long\"}}},{\"name\":\"r\",\"type\":"
+                 "{\"name\":\"R\",\"type\":\"record\",\"fields\":[{\"name\":\"e\",\"type\":{"
+                 "\"name\":"
+                 "\"E\",\"type\":\"enum\",\"symbols\":[\"A\",\"B\"]}},{\"name\":\"m\",\"type\":{"
+                 "\"type\":"
+                 "\"map\",\"values\":{\"type\":\"array\",\"items\":\"long\"}}},{\"name\":\"r\","
+                 "\"type\":"
                  "[\"null\",\"R\"]},{\"name\":\"e2\",\"type\":\"E\"}]}"},
         };
         for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
@@ -97,7 +107,8 @@ Test(avro, envelope_schema_fingerprint) {
         cr_assert(a, "%s", err);
         cr_assert_str_eq(avroenc_canonical_form(a), envelope_canonical);
         cr_assert_eq(avroenc_fingerprint(a), ENVELOPE_FP);
-        cr_assert(strstr(avroenc_schema_json(a), "\"default\": null"), "the full schema is registered");
+        cr_assert(strstr(avroenc_schema_json(a), "\"default\": null"),
+                  "the full schema is registered");
 }
 
 Test(avro, single_object_encoding) {
@@ -155,14 +166,15 @@ Test(avro, payload_value_format_is_an_avro_string) {
 
 Test(avro, envelope_fields_are_appended_as_optional_strings) {
         struct encode_fields f;
-        cr_assert_eq(encode_fields_parse("event_key:ek, headers_json.region", &f, err, sizeof err), 0,
-                     "%s", err);
+        cr_assert_eq(encode_fields_parse("event_key:ek, headers_json.region", &f, err, sizeof err),
+                     0, "%s", err);
         a = avroenc_new(VALUE_ENVELOPE, &f, err, sizeof err);
         cr_assert(a, "%s", err);
         const char *c = avroenc_canonical_form(a);
         cr_assert(strstr(c, "{\"name\":\"payload\",\"type\":\"string\"},"
                             "{\"name\":\"ek\",\"type\":[\"null\",\"string\"]},"
-                            "{\"name\":\"region\",\"type\":[\"null\",\"string\"]}]}"), "%s", c);
+                            "{\"name\":\"region\",\"type\":[\"null\",\"string\"]}]}"),
+                  "%s", c);
         struct outbox_event ev = sample();
         cr_assert_eq(avroenc_encode(a, &ev, -1, &b, err, sizeof err), 0, "%s", err);
         /* ... payload, ek = null (branch 0), region = branch 1 "eu" */

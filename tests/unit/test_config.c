@@ -16,7 +16,9 @@ static void init(void) {
         setenv("OUTBOX_DATABASE_URL", "postgresql://u:secret@h/db", 1);
         setenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092", 1);
 }
-static void fini(void) { config_destroy(&cfg); }
+static void fini(void) {
+        config_destroy(&cfg);
+}
 TestSuite(config, .init = init, .fini = fini);
 
 static int load(int argc, char **argv) {
@@ -51,13 +53,12 @@ Test(config, precedence_flag_env_file_default) {
         fclose(f);
         setenv("OUTBOX_POLL_INTERVAL_MS", "11", 1);
         setenv("OUTBOX_MAX_ATTEMPTS", "12", 1);
-        char *argv[] = {"outbox-relay", "--config", path, "--max-attempts", "13",
-                        "-X", "acks=1"};
+        char *argv[] = {"outbox-relay", "--config", path, "--max-attempts", "13", "-X", "acks=1"};
         cr_assert_eq(load(7, argv), 0, "%s", err);
         unlink(path);
-        cr_assert_eq(cfg.batch_size, 7);          /* file */
-        cr_assert_eq(cfg.poll_interval_ms, 11);   /* env beats file */
-        cr_assert_eq(cfg.max_attempts, 13);       /* flag beats env */
+        cr_assert_eq(cfg.batch_size, 7);        /* file */
+        cr_assert_eq(cfg.poll_interval_ms, 11); /* env beats file */
+        cr_assert_eq(cfg.max_attempts, 13);     /* flag beats env */
         int seen = 0;
         for (size_t i = 0; i < cfg.kafka_cnt; i++) {
                 if (!strcmp(cfg.kafka[i].name, "linger.ms"))
@@ -69,7 +70,9 @@ Test(config, precedence_flag_env_file_default) {
 }
 
 Test(config, errors_name_the_variable) {
-        struct { const char *var, *val, *want; } cases[] = {
+        struct {
+                const char *var, *val, *want;
+        } cases[] = {
                 {"OUTBOX_BATCH_SIZE", "abc", "OUTBOX_BATCH_SIZE: not an integer"},
                 {"OUTBOX_BATCH_SIZE", "0", "OUTBOX_BATCH_SIZE: 0 is out of range"},
                 {"OUTBOX_ORDERING", "random", "OUTBOX_ORDERING: unknown value 'random'"},
@@ -106,7 +109,9 @@ Test(config, help_and_version) {
 }
 
 Test(config, kafka_property_mapping) {
-        struct { const char *in, *out; } m[] = {
+        struct {
+                const char *in, *out;
+        } m[] = {
                 {"BOOTSTRAP_SERVERS", "bootstrap.servers"},
                 {"SASL_MECHANISM", "sasl.mechanism"},
                 {"SSL_CA_LOCATION", "ssl.ca.location"},
@@ -133,7 +138,8 @@ Test(config, identifiers) {
 
 Test(config, redacts_passwords) {
         char out[256];
-        config_redact_url("postgresql://outbox:s3cret@db:5432/app?sslmode=require", out, sizeof out);
+        config_redact_url("postgresql://outbox:s3cret@db:5432/app?sslmode=require", out,
+                          sizeof out);
         cr_assert_str_eq(out, "postgresql://outbox:****@db:5432/app?sslmode=require");
         config_redact_url("host=db user=u password=s3cret dbname=app", out, sizeof out);
         cr_assert_str_eq(out, "host=db user=u password=**** dbname=app");
@@ -155,7 +161,9 @@ Test(config, avro_registry_and_envelope_fields) {
 }
 
 Test(config, avro_and_envelope_field_errors_name_the_variable) {
-        struct { const char *var, *val, *want; } cases[] = {
+        struct {
+                const char *var, *val, *want;
+        } cases[] = {
                 {"OUTBOX_SERIALIZATION", "protobuf", "OUTBOX_SERIALIZATION: unknown value"},
                 {"OUTBOX_SCHEMA_REGISTRY_URL", "registry:8081",
                  "OUTBOX_SCHEMA_REGISTRY_URL: must start with http://"},
@@ -188,6 +196,6 @@ Test(config, avro_and_envelope_field_errors_name_the_variable) {
         setenv("OUTBOX_VALUE_FORMAT", "payload", 1);
         setenv("OUTBOX_ENVELOPE_FIELDS", "event_key", 1);
         cr_assert_eq(load(1, argv), -1);
-        cr_assert(strstr(err, "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is payload"), "%s",
-                  err);
+        cr_assert(strstr(err, "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is payload"),
+                  "%s", err);
 }

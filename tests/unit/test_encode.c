@@ -23,7 +23,9 @@ static struct outbox_event sample(void) {
 }
 
 static struct buf b;
-static void fini(void) { buf_free(&b); }
+static void fini(void) {
+        buf_free(&b);
+}
 TestSuite(encode, .fini = fini);
 
 Test(encode, topic_template_placeholders) {
@@ -41,11 +43,12 @@ Test(encode, envelope_has_every_key_and_nulls) {
         struct outbox_event ev = sample();
         cr_assert_eq(encode_envelope_json(&ev, &b), 0);
         cr_assert_str_eq(b.data,
-                "{\"event_id\":\"0b8f3f2e-8a57-4c39-9a0e-3c1d2a0f6b11\",\"event_type\":\"OrderCreated\","
-                "\"event_version\":2,\"tenant_id\":\"acme\",\"aggregate_type\":\"Order\","
-                "\"aggregate_id\":\"o-1\",\"aggregate_version\":7,"
-                "\"occurred_at\":\"2026-11-23T00:00:00.000001Z\",\"correlation_id\":null,"
-                "\"causation_id\":null,\"trace_id\":null,\"payload\":{\"total\": 12.5}}");
+                         "{\"event_id\":\"0b8f3f2e-8a57-4c39-9a0e-3c1d2a0f6b11\",\"event_type\":"
+                         "\"OrderCreated\","
+                         "\"event_version\":2,\"tenant_id\":\"acme\",\"aggregate_type\":\"Order\","
+                         "\"aggregate_id\":\"o-1\",\"aggregate_version\":7,"
+                         "\"occurred_at\":\"2026-11-23T00:00:00.000001Z\",\"correlation_id\":null,"
+                         "\"causation_id\":null,\"trace_id\":null,\"payload\":{\"total\": 12.5}}");
 }
 
 Test(encode, envelope_escapes_strings_and_null_payload) {
@@ -79,9 +82,9 @@ Test(encode, fixed_headers_then_members_that_do_not_clash) {
         int n = encode_headers(&ev, "outbox-relay", "application/json", NULL, h, &b, err,
                                sizeof err);
         cr_assert_eq(n, 13, "n=%d err=%s", n, err);
-        const char *names[] = {"event-id", "event-type", "event-version", "tenant-id",
-                               "aggregate-type", "aggregate-id", "aggregate-version",
-                               "occurred-at", "producer", "content-type", "correlation-id"};
+        const char *names[] = {"event-id",       "event-type",   "event-version",     "tenant-id",
+                               "aggregate-type", "aggregate-id", "aggregate-version", "occurred-at",
+                               "producer",       "content-type", "correlation-id"};
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
                 cr_assert_str_eq(h[i].name, names[i]);
         cr_assert_eq(strncmp(find(h, n, "event-id", &len), ev.outbox_id, len), 0);
@@ -102,12 +105,15 @@ Test(encode, headers_not_an_object_or_malformed) {
         struct encode_header h[ENCODE_MAX_HEADERS];
         char err[128];
         ev.headers = NULL;
-        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err),
+                     -1);
         cr_assert(strstr(err, "not a JSON object"));
         ev.headers = "5:ab";
-        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err),
+                     -1);
         ev.headers = "99999999999999999999:x";
-        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err), -1);
+        cr_assert_eq(encode_headers(&ev, "p", "application/json", NULL, h, &b, err, sizeof err),
+                     -1);
 }
 
 Test(encode, buf_grows) {

@@ -107,8 +107,9 @@ Test(http, metrics_200_with_content_type_and_length) {
         int status = 0;
         char *resp = get("/metrics", &status);
         cr_expect_eq(status, 200);
-        cr_expect_not_null(strstr(resp, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
-                           "%.300s", resp);
+        cr_expect_not_null(
+                strstr(resp, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+                "%.300s", resp);
         cr_expect_not_null(strstr(resp, "\r\nConnection: close\r\n"));
         const char *body = body_of(resp);
         size_t clen = 0;
@@ -238,8 +239,8 @@ Test(http, stop_with_a_silent_client_connected) {
 }
 
 Test(http, bad_addresses_fail_with_errstr) {
-        const char *bad[] = {"nonsense", "127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:x1",
-                             "::1:80", "no-such-host.invalid:0"};
+        const char *bad[] = {"nonsense",     "127.0.0.1:99999", "127.0.0.1:",
+                             "127.0.0.1:x1", "::1:80",          "no-such-host.invalid:0"};
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 char err[256] = "";
                 struct http *h = http_start(bad[i], err, sizeof err);

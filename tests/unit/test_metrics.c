@@ -87,7 +87,8 @@ Test(metrics, unlabelled_start_at_zero_labelled_start_empty) {
         cr_expect_eq(sample(text, "outbox_relay_last_batch_timestamp_seconds"), 0);
         cr_expect_eq(sample(text, "outbox_sweeper_stale_locks_reset_total"), 0);
         cr_expect_eq(sample(text, "outbox_sweeper_rows_deleted_total"), 0);
-        cr_expect_not_null(strstr(text, "\noutbox_batches_total 0\n"), "integers print as integers");
+        cr_expect_not_null(strstr(text, "\noutbox_batches_total 0\n"),
+                           "integers print as integers");
         cr_expect_eq(count_prefix(text, "outbox_events_published_total"), 0);
         cr_expect_eq(count_prefix(text, "outbox_events{"), 0);
         cr_expect_eq(sample(text, "outbox_event_size_bytes_count"), 0);
@@ -98,8 +99,8 @@ Test(metrics, unlabelled_start_at_zero_labelled_start_empty) {
 Test(metrics, build_info) {
         char *text = render();
         char want[128];
-        snprintf(want, sizeof want, "\noutbox_build_info{version=\"%s\",program=\"outbox-test\"} 1\n",
-                 OUTBOX_VERSION);
+        snprintf(want, sizeof want,
+                 "\noutbox_build_info{version=\"%s\",program=\"outbox-test\"} 1\n", OUTBOX_VERSION);
         cr_expect_not_null(strstr(text, want), "no %s in\n%s", want, text);
         free(text);
 }
@@ -136,7 +137,8 @@ Test(metrics, gauges_set) {
         metrics_add(M_EVENTS, "DEAD", -1); /* gauges may go down */
         char *text = render();
         cr_expect_not_null(strstr(text, "\noutbox_oldest_pending_age_seconds 3\n"));
-        cr_expect_not_null(strstr(text, "\noutbox_relay_last_batch_timestamp_seconds 1700000000.25\n"));
+        cr_expect_not_null(
+                strstr(text, "\noutbox_relay_last_batch_timestamp_seconds 1700000000.25\n"));
         cr_expect_not_null(strstr(text, "\noutbox_events{status=\"PENDING\"} 7\n"));
         cr_expect_not_null(strstr(text, "\noutbox_events{status=\"DEAD\"} 0\n"));
         free(text);
@@ -206,8 +208,9 @@ Test(metrics, histogram_buckets_cumulative) {
 Test(metrics, label_values_escaped) {
         metrics_add(M_EVENTS_PUBLISHED, "a\"b\\c\nd", 1);
         char *text = render();
-        cr_expect_not_null(strstr(text, "\noutbox_events_published_total{topic=\"a\\\"b\\\\c\\nd\"} 1\n"),
-                           "%s", text);
+        cr_expect_not_null(
+                strstr(text, "\noutbox_events_published_total{topic=\"a\\\"b\\\\c\\nd\"} 1\n"),
+                "%s", text);
         free(text);
 }
 

@@ -16,10 +16,10 @@ struct server {
         int fd;
         int port;
         pthread_t thread;
-        const char *status;  /* "200 OK" */
+        const char *status; /* "200 OK" */
         const char *body;
-        int hang_ms;         /* wait before answering (timeouts) */
-        char request[8192];  /* the last request, head and body */
+        int hang_ms;        /* wait before answering (timeouts) */
+        char request[8192]; /* the last request, head and body */
         int served;
 };
 
@@ -94,25 +94,29 @@ Test(registry, registers_and_caches_per_subject) {
         reg = client("");
         int id = -1;
         const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code, err,
-                                        sizeof err), 0, "%s", err);
+        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code,
+                                        err, sizeof err),
+                     0, "%s", err);
         cr_assert_eq(id, 42);
         cr_assert(strstr(srv.request, "POST /subjects/orders-value/versions HTTP/1.1\r\n"), "%s",
                   srv.request);
         cr_assert(strcasestr(srv.request, "Content-Type: application/vnd.schemaregistry.v1+json"));
-        cr_assert(strstr(srv.request, "\r\n\r\n{\"schema\":\"{\\\"type\\\":\\\"string\\\"}\"}"), "%s",
-                  srv.request);
+        cr_assert(strstr(srv.request, "\r\n\r\n{\"schema\":\"{\\\"type\\\":\\\"string\\\"}\"}"),
+                  "%s", srv.request);
         /* cached: no second request */
         srv.body = "{\"id\":7}";
-        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code, err,
-                                        sizeof err), 0);
+        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code,
+                                        err, sizeof err),
+                     0);
         cr_assert_eq(id, 42);
         cr_assert_eq(registry_requests(reg), 1);
         /* another subject: asked */
-        cr_assert_eq(registry_schema_id(reg, "a b/c-value", "{\"type\":\"string\"}", &id, &code, err,
-                                        sizeof err), 0);
+        cr_assert_eq(registry_schema_id(reg, "a b/c-value", "{\"type\":\"string\"}", &id, &code,
+                                        err, sizeof err),
+                     0);
         cr_assert_eq(id, 7);
-        cr_assert(strstr(srv.request, "POST /subjects/a%20b%2Fc-value/versions "), "%s", srv.request);
+        cr_assert(strstr(srv.request, "POST /subjects/a%20b%2Fc-value/versions "), "%s",
+                  srv.request);
         cr_assert_eq(registry_requests(reg), 2);
 }
 
@@ -122,13 +126,15 @@ Test(registry, rejected_is_its_own_code) {
         srv.body = "{\"error_code\":409,\"message\":\"Schema being registered is incompatible\"}";
         int id = -1;
         const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_REJECTED");
         cr_assert(strstr(err, "HTTP 409: Schema being registered is incompatible"), "%s", err);
         /* not negatively cached: the next call asks again */
         srv.status = "200 OK";
         srv.body = "{\"id\":3}";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), 0);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     0);
         cr_assert_eq(id, 3);
 }
 
@@ -138,19 +144,21 @@ Test(registry, server_error_is_unavailable_and_not_retried_at_once) {
         srv.body = "{}";
         int id = -1;
         const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
         cr_assert(strstr(err, "HTTP 503"), "%s", err);
         cr_assert(!strstr(err, "hunter2"), "password in %s", err);
         cr_assert(strcasestr(srv.request, "Authorization: Basic "), "userinfo is basic auth");
         srv.status = "200 OK";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
         cr_assert_eq(registry_requests(reg), 1, "asked again within REGISTRY_RETRY_MS");
         srv.body = "{\"id\":5}";
         usleep((REGISTRY_RETRY_MS + 100) * 1000);
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), 0,
-                     "%s", err);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     0, "%s", err);
         cr_assert_eq(id, 5);
 }
 
@@ -168,13 +176,15 @@ Test(registry, connection_refused_and_bad_body) {
         cr_assert(reg);
         int id;
         const char *code;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
         registry_destroy(reg);
 
         reg = client("");
         srv.body = "{\"no\":\"id\"}";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_REJECTED");
 }
 
@@ -183,7 +193,8 @@ Test(registry, slow_registry_times_out, .timeout = 20) {
         srv.hang_ms = REGISTRY_TIMEOUT_MS + 1500;
         int id;
         const char *code;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err), -1);
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+                     -1);
         cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
         cr_assert(strstr(err, "imeout") || strstr(err, "timed out"), "%s", err);
 }
