@@ -267,3 +267,17 @@ def test_hot_aggregates_publish_runs_of_versions_per_batch(db, kafka, tmp_path):
     a0 = [int(header(m, "aggregate-version")) for m in sorted(msgs, key=lambda m: m["offset"])
           if m["key"] == "a0"]
     assert a0 == [1, 2]
+
+
+def test_ordering_none_publishes_without_the_guard(db, kafka, tmp_path):
+    # Without the guard a FAILED/DEAD version does not hold back the later ones.
+    rows = make_events(aggregates=3, versions=4)
+    rows[0]["headers_json"] = "[1]"  # a0 v1 goes DEAD (INVALID_HEADERS)
+    db.insert_events(rows)
+    with Relay("outbox-relay", env=relay_env(db, kafka, OUTBOX_ORDERING="none"),
+               log_dir=tmp_path) as relay:
+        wait_until(published(db, 11), 30, what="every other row PUBLISHED")
+        assert relay.stop() == 0
+    assert db.status_counts()["DEAD"] == 1
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    assert sorted(int(header(m, "aggregate-version")) for m in msgs if m["key"] == "a0") == [2, 3, 4]
