@@ -530,6 +530,18 @@ class Relay:
     `binary` may be a program name for bin_path() or a path.
     """
 
+    # Every process started, so a fixture can kill what a failed test left running.
+    started = []
+
+    @classmethod
+    def kill_leftovers(cls):
+        """SIGKILLs every process still running; returns their names."""
+        left = [r for r in cls.started if r.running()]
+        for r in left:
+            r.kill()
+        cls.started = []
+        return [r.name for r in left]
+
     def __init__(self, binary="outbox-relay", env=None, args=(), log_dir=None, name=None):
         self.path = binary if os.sep in binary else bin_path(binary)
         self.name = name or os.path.basename(self.path)
@@ -544,6 +556,7 @@ class Relay:
             self.proc = subprocess.Popen([self.path, *self.args], env=self.env,
                                          stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
+        Relay.started.append(self)
 
     @property
     def pid(self):
