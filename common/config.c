@@ -54,9 +54,9 @@ static const struct opt opts[] = {
          "aggregate (per-aggregate guard) or none"},
         {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), RELAY, 1, 1000000, NULL,
          "attempts before a row goes DEAD"},
-        {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 0, INT_MAX, NULL,
+        {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 1, INT_MAX, NULL,
          "first retry delay"},
-        {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 0, INT_MAX, NULL,
+        {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 1, INT_MAX, NULL,
          "longest retry delay"},
         {"OUTBOX_TOPIC_TEMPLATE", T_STR, "outbox.event.{aggregate_type}", O(topic_template), RELAY,
          0, 0, NULL, "topic when topic_name is NULL: {aggregate_type} {event_type} {tenant_id}"},
@@ -164,6 +164,52 @@ int config_check_identifier(const char *table) {
         return part == 0 ? -1 : 0;
 }
 
+/* Replaces the value of every `password = value` keyword (libpq's key/value
+ * form, spaces allowed around '=', value bare or 'quoted' with \\ escapes) or
+ * `password=value` query parameter in s with ****. Rewrites into a copy so a
+ * short value never stays visible for want of room. */
+static void redact_password_keyword(char *s, size_t size) {
+        char *copy = strdup(s);
+        if (!copy) {
+                snprintf(s, size, "(redacted)");
+                return;
+        }
+        size_t o = 0;
+        const char *p = copy;
+        while (*p && o + 1 < size) {
+                const char *k = p;
+                int at_start = k == copy || k[-1] == ' ' || k[-1] == '?' || k[-1] == '&';
+                if (at_start && !strncmp(k, "password", 8)) {
+                        const char *v = k + 8;
+                        while (*v == ' ')
+                                v++;
+                        if (*v == '=') {
+                                v++;
+                                while (*v == ' ')
+                                        v++;
+                                const char *e = v;
+                                if (*e == '\'') {
+                                        for (e++; *e && *e != '\''; e++)
+                                                if (*e == '\\' && e[1])
+                                                        e++;
+                                        if (*e)
+                                                e++;
+                                } else {
+                                        e += strcspn(e, " &");
+                                }
+                                o += (size_t)snprintf(s + o, size - o, "%.*s****", (int)(v - k), k);
+                                if (o >= size)
+                                        o = size - 1;
+                                p = e;
+                                continue;
+                        }
+                }
+                s[o++] = *p++;
+        }
+        s[o] = '\0';
+        free(copy);
+}
+
 void config_redact_url(const char *url, char *out, size_t out_size) {
         if (!url) {
                 snprintf(out, out_size, "(unset)");
@@ -187,25 +233,7 @@ void config_redact_url(const char *url, char *out, size_t out_size) {
         } else {
                 snprintf(out, out_size, "%s", url);
         }
-        char *pw = strstr(out, "password=");
-        while (pw) {
-                if (pw == out || pw[-1] == ' ' || pw[-1] == '?' || pw[-1] == '&') {
-                        char *v = pw + 9;
-                        size_t vlen = strcspn(v, " &");
-                        if (*v == '\'') {
-                                char *q = strchr(v + 1, '\'');
-                                vlen = q ? (size_t)(q - v + 1) : strlen(v);
-                        }
-                        if (vlen != 4 || strncmp(v, "****", 4) != 0) {
-                                size_t rest = strlen(v + vlen);
-                                if (v + 4 + rest + 1 <= out + out_size) {
-                                        memmove(v + 4, v + vlen, rest + 1);
-                                        memcpy(v, "****", 4);
-                                }
-                        }
-                }
-                pw = strstr(pw + 1, "password=");
-        }
+        redact_password_keyword(out, out_size);
 }
 
 static void print_help(FILE *out, enum config_program prog) {

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/select.h>
+#include <poll.h>
 
 #include "config.h"
 #include "encode.h"
@@ -22,6 +22,7 @@ struct db {
         char *qtable;  /* "schema"."table", resolved at connect */
         char *channel; /* schema.table */
         int prepared_lock[2];
+        long connects; /* successful db_connect() calls */
 };
 
 /* Columns every locked row returns, in struct outbox_event order. headers is
@@ -175,9 +176,9 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                                          "   AND p.available_at <= o.available_at))",
                                          t))
                         goto oom;
-                if (buf_appendf(&sql,
-                                " ORDER BY o.available_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
-                                " ready AS (SELECT d.outbox_id FROM due d"))
+                if (buf_appendf(&sql, " ORDER BY o.available_at, o.aggregate_version"
+                                      " LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+                                      " ready AS (SELECT d.outbox_id FROM due d"))
                         goto oom;
                 if (guard && buf_appendf(&sql,
                                          " WHERE NOT EXISTS (SELECT 1 FROM %s p"
@@ -239,14 +240,34 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                         "  THEN now() + u.delay_ms * interval '1 millisecond'"
                         "  ELSE o.available_at END,"
                         " last_error_code = u.code, last_error_message = u.msg,"
+                        " attempt_count = o.attempt_count - u.uncount,"
                         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                        " FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::text[])"
-                        "  AS u(id, delay_ms, code, msg)"
+                        " FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::text[], $7::int[])"
+                        "  AS u(id, delay_ms, code, msg, uncount)"
                         " WHERE o.outbox_id = u.id AND o.status = 'PUBLISHING'"
                         " AND o.locked_by = $6",
                         t))
                 goto oom;
-        if (prepare(db, "mark_unpublished", sql.data, 6, errstr, size))
+        if (prepare(db, "mark_unpublished", sql.data, 7, errstr, size))
+                goto out;
+
+        /* Rows this relay id still holds when no batch is in flight: a lock
+         * statement whose result was lost with the connection, or a previous
+         * process with the same id that died. Like the sweeper's stale-lock
+         * reset, but at once; a row whose attempts are used up goes DEAD (a
+         * row that keeps killing its relay must not loop forever). */
+        buf_reset(&sql);
+        if (buf_appendf(&sql,
+                        "UPDATE %s SET status = CASE WHEN attempt_count >= $2"
+                        "  THEN 'DEAD' ELSE 'FAILED' END,"
+                        " available_at = now(), last_error_code = 'STALE_LOCK',"
+                        " last_error_message = 'lock of ' || locked_by"
+                        "  || ' taken back by the same relay id after a reconnect or restart',"
+                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                        " WHERE status = 'PUBLISHING' AND locked_by = $1",
+                        t))
+                goto oom;
+        if (prepare(db, "take_back_own", sql.data, 2, errstr, size))
                 goto out;
         rc = 0;
         goto out;
@@ -258,9 +279,13 @@ out:
 }
 
 int db_connect(struct db *db, char *errstr, size_t errstr_size) {
-        const char *keys[] = {"dbname", "application_name", "connect_timeout", "keepalives_idle",
-                              NULL};
-        const char *vals[] = {db->url, "outbox-relay", "10", "30", NULL};
+        /* A half-dead connection must fail within about a minute, not the
+         * kernel's default quarter of an hour: keepalives and a TCP user
+         * timeout. The URL comes last, so its own settings win. */
+        const char *keys[] = {
+                "application_name", "connect_timeout",  "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout", "dbname",          NULL};
+        const char *vals[] = {"outbox-relay", "10", "30", "10", "3", "60000", db->url, NULL};
         const char *param[1] = {db->table};
         PGresult *r = NULL;
         char *nsp = NULL, *rel = NULL;
@@ -301,6 +326,8 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         }
         snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
         snprintf(db->channel, clen, "%s.%s", PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+        if (strlen(db->channel) > 63)
+                db->channel[63] = '\0'; /* as the trigger's left(..., 63) */
 
         {
                 char *qchan = PQescapeIdentifier(db->conn, db->channel, strlen(db->channel));
@@ -316,6 +343,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         }
         if (prepare_all(db, errstr, errstr_size))
                 goto out;
+        db->connects++;
         rc = 0;
 out:
         PQclear(r);
@@ -429,7 +457,7 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
 
 int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
             size_t errstr_size) {
-        struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0};
+        struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0}, uncounts = {0};
         long long done = 0;
         size_t expected = 0;
         int rc = -1;
@@ -443,8 +471,10 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                 buf_reset(&delays);
                 buf_reset(&codes);
                 buf_reset(&msgs);
+                buf_reset(&uncounts);
                 if (buf_append(&ids, "{", 1) || buf_append(&delays, "{", 1) ||
-                    buf_append(&codes, "{", 1) || buf_append(&msgs, "{", 1))
+                    buf_append(&codes, "{", 1) || buf_append(&msgs, "{", 1) ||
+                    buf_append(&uncounts, "{", 1))
                         goto oom;
                 for (size_t i = 0; i < n; i++) {
                         if ((int)outs[i].status != status || outs[i].marked)
@@ -452,14 +482,17 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                         char d[24];
                         snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
                         if (array_elem(&ids, outs[i].outbox_id) || array_elem(&delays, d) ||
-                            array_elem(&codes, outs[i].code) || array_elem(&msgs, outs[i].message))
+                            array_elem(&codes, outs[i].code) ||
+                            array_elem(&msgs, outs[i].message) ||
+                            array_elem(&uncounts, outs[i].uncounted ? "1" : "0"))
                                 goto oom;
                         cnt++;
                 }
                 if (!cnt)
                         continue;
                 if (buf_append(&ids, "}", 1) || buf_append(&delays, "}", 1) ||
-                    buf_append(&codes, "}", 1) || buf_append(&msgs, "}", 1))
+                    buf_append(&codes, "}", 1) || buf_append(&msgs, "}", 1) ||
+                    buf_append(&uncounts, "}", 1))
                         goto oom;
                 expected += cnt;
                 if (status == DB_PUBLISHED || status == DB_RELEASED) {
@@ -469,13 +502,14 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                                      p, &done, errstr, errstr_size))
                                 goto out;
                 } else {
-                        const char *p[6] = {status == DB_FAILED ? "FAILED" : "DEAD",
+                        const char *p[7] = {status == DB_FAILED ? "FAILED" : "DEAD",
                                             ids.data,
                                             delays.data,
                                             codes.data,
                                             msgs.data,
-                                            db->relay_id};
-                        if (run_mark(db, "mark_unpublished", 6, p, &done, errstr, errstr_size))
+                                            db->relay_id,
+                                            uncounts.data};
+                        if (run_mark(db, "mark_unpublished", 7, p, &done, errstr, errstr_size))
                                 goto out;
                 }
                 for (size_t i = 0; i < n; i++)
@@ -492,6 +526,7 @@ out:
         buf_free(&delays);
         buf_free(&codes);
         buf_free(&msgs);
+        buf_free(&uncounts);
         return rc;
 }
 
@@ -520,11 +555,8 @@ int db_wait(struct db *db, int timeout_ms) {
                 db_disconnect(db);
                 return -1;
         }
-        fd_set rfds;
-        FD_ZERO(&rfds);
-        FD_SET(fd, &rfds);
-        struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-        int s = select(fd + 1, &rfds, NULL, NULL, &tv);
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int s = poll(&pfd, 1, timeout_ms);
         if (s < 0)
                 return errno == EINTR ? 0 : -1;
         if (s == 0)
@@ -643,4 +675,28 @@ void db_destroy(struct db *db) {
         free(db->table);
         free(db->relay_id);
         free(db);
+}
+
+long db_connects(const struct db *db) {
+        return db->connects;
+}
+
+int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr,
+                     size_t errstr_size) {
+        char m[24];
+        const char *params[2] = {db->relay_id, m};
+        *n = 0;
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        snprintf(m, sizeof m, "%d", max_attempts);
+        PGresult *r = PQexecPrepared(db->conn, "take_back_own", 2, params, NULL, NULL, 0);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+                fail(errstr, errstr_size, "take back own locks: %s", PQerrorMessage(db->conn));
+                PQclear(r);
+                check_conn(db);
+                return -1;
+        }
+        *n = strtoll(PQcmdTuples(r), NULL, 10);
+        PQclear(r);
+        return 0;
 }

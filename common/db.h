@@ -28,6 +28,8 @@ struct db_outcome {
         long long delay_ms;  /* DB_FAILED: available_at = now() + delay */
         const char *code;    /* DB_FAILED, DB_DEAD: last_error_code */
         const char *message; /* last_error_message (never a payload) */
+        int uncounted;       /* DB_FAILED: the attempt does not count (attempt_count is
+                              * restored), e.g. the schema registry was down */
         int marked;          /* set by db_mark() once applied; start at 0 */
 };
 
@@ -69,6 +71,17 @@ void db_batch_clear(struct db_batch *b);
  * after reconnecting, and only the outcomes not yet marked are applied. */
 int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
             size_t errstr_size) __attribute__((warn_unused_result));
+
+/* How many times db_connect() succeeded: a change tells a caller that the
+ * connection was replaced (and what it had sent may have been lost). */
+long db_connects(const struct db *db);
+
+/* Takes back the rows this relay id holds in PUBLISHING: call only with no
+ * batch in flight (after a reconnect, or at start after a crash of a process
+ * with the same id). They go FAILED with STALE_LOCK, due now, or DEAD when
+ * attempt_count >= max_attempts. *n gets the count. */
+int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr,
+                     size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Waits up to timeout_ms for a NOTIFY on the table's channel. 1 notified,
  * 0 timed out or interrupted by a signal, -1 connection lost. */

@@ -78,6 +78,33 @@ void buf_reset(struct buf *b) {
                 b->data[0] = '\0';
 }
 
+void encode_utf8_clean(char *s) {
+        unsigned char *p = (unsigned char *)s;
+        while (*p) {
+                size_t n = *p < 0x80                  ? 1
+                           : *p >= 0xC2 && *p <= 0xDF ? 2
+                           : (*p & 0xF0) == 0xE0      ? 3
+                           : *p >= 0xF0 && *p <= 0xF4 ? 4
+                                                      : 0;
+                size_t i = 1;
+                while (i < n && (p[i] & 0xC0) == 0x80)
+                        i++;
+                /* no overlong forms, surrogates or code points past U+10FFFF */
+                int bad = n == 0 ||
+                          (i == n && n > 2 &&
+                           ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) ||
+                            (p[0] == 0xF0 && p[1] < 0x90) || (p[0] == 0xF4 && p[1] > 0x8F)));
+                if (!bad && i == n) {
+                        p += n;
+                } else if (!bad && p[i] == '\0') {
+                        *p = '\0'; /* a character cut at the end */
+                        return;
+                } else {
+                        *p++ = '?';
+                }
+        }
+}
+
 void buf_free(struct buf *b) {
         free(b->data);
         memset(b, 0, sizeof *b);

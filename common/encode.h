@@ -21,6 +21,11 @@ int buf_appendf(struct buf *b, const char *fmt, ...)
 /* Appends s as a JSON string literal (quotes included), or null when s is NULL. */
 int buf_append_json_string(struct buf *b, const char *s) __attribute__((warn_unused_result));
 void buf_reset(struct buf *b);
+
+/* Makes s valid UTF-8 in place: a sequence cut at the end is dropped, any
+ * other invalid byte becomes '?'. (Messages are cut to fixed sizes and may
+ * quote foreign text; PostgreSQL rejects invalid UTF-8.) */
+void encode_utf8_clean(char *s);
 void buf_free(struct buf *b);
 
 /* Writes the topic: ev->topic_name, else `template` with {aggregate_type},

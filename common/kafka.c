@@ -40,7 +40,6 @@ static double now_s(void) {
 static int is_permanent(rd_kafka_resp_err_t err) {
         switch (err) {
         case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
-        case RD_KAFKA_RESP_ERR_INVALID_MSG:
         case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
         case RD_KAFKA_RESP_ERR_INVALID_RECORD:
         case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:

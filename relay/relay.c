@@ -53,6 +53,8 @@ struct relay {
         struct buf subject;
         double last_sample;
         int reconnect_ms;
+        long seen_connects; /* db_connects() when own locks were last checked */
+        int unmarked;       /* a batch could not be marked before stopping */
 };
 
 static double mono_s(void) {
@@ -85,6 +87,7 @@ static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx)
         st->permanent = res->permanent;
         st->code = res->code;
         snprintf(st->message, sizeof st->message, "%s", res->message);
+        encode_utf8_clean(st->message);
 }
 
 struct relay *relay_new(const struct config *cfg, struct http *http, char *errstr,
@@ -122,6 +125,10 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
         if (!r->kafka)
                 goto fail;
+        /* A wave may wait a whole delivery timeout for its reports (broker
+         * down): /healthz must not call that a stall and get the pod killed. */
+        if (http)
+                http_set_stall(http, kafka_delivery_timeout_ms(r->kafka) / 1000 + 60);
         return r;
 fail:
         relay_destroy(r);
@@ -155,6 +162,7 @@ static void row_fail(struct row_state *st, int permanent, const char *code, cons
         st->permanent = permanent;
         st->code = code;
         snprintf(st->message, sizeof st->message, "%.159s", msg);
+        encode_utf8_clean(st->message); /* cut mid-character, or foreign text */
 }
 
 /* Encodes and produces row i; records an immediate failure in its state. */
@@ -241,13 +249,21 @@ static void produce_row(struct relay *r, size_t i) {
 static int await_reports(struct relay *r, int wave) {
         char err[512];
         kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS);
+        if (r->http)
+                http_heartbeat(r->http);
         for (size_t i = 0; i < r->batch.count; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].done)
                         row_fail(&r->rows[i], 0, "_TIMED_OUT", "no delivery report in time");
-        if (!kafka_fatal(r->kafka, err, sizeof err))
+        int fatal = kafka_fatal(r->kafka, err, sizeof err);
+        if (!fatal && kafka_outstanding(r->kafka) == 0)
                 return 0;
-        log_error("kafka", "fatal producer error, rebuilding the producer", "reason=%s",
-                  log_quote(err));
+        if (!fatal) {
+                /* Reports even a purge did not bring: they must never land in
+                 * a later batch's row states, so the producer goes. */
+                snprintf(err, sizeof err, "%d delivery reports missing after a purge",
+                         kafka_outstanding(r->kafka));
+        }
+        log_error("kafka", "rebuilding the producer", "reason=%s", log_quote(err));
         for (size_t i = 0; i < r->batch.count; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].ok)
                         row_fail(&r->rows[i], 0, "_FATAL", err);
@@ -273,6 +289,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                 o->code = st->code;
                 o->message = st->message;
                 o->delay_ms = 0;
+                o->uncounted = 0;
                 o->marked = 0;
                 if (st->released) {
                         o->status = DB_RELEASED;
@@ -296,6 +313,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                                 snprintf(why, sizeof why, "%.100s (attempt %d of %d)", st->message,
                                          ev->attempt_count, cfg->max_attempts);
                                 memcpy(st->message, why, sizeof why);
+                                encode_utf8_clean(st->message);
                         }
                         metrics_add(M_EVENTS_DEAD, st->code, 1);
                         log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s",
@@ -304,6 +322,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         dead++;
                 } else {
                         o->status = DB_FAILED;
+                        o->uncounted = !counts;
                         o->delay_ms = relay_backoff_ms(ev->attempt_count, cfg->backoff_initial_ms,
                                                        cfg->backoff_max_ms, &r->seed);
                         metrics_add(M_EVENTS_FAILED, st->code, 1);
@@ -337,10 +356,18 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
                                 metrics_add(M_LOCK_LOST, NULL, (double)lost);
                                 log_warn("relay", "locks lost before marking", "rows=%zu", lost);
                         }
+                        r->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
                         return 0;
                 }
-                if (db_connected(r->db))
-                        log_warn("db", "mark failed, retrying", "err=%s", log_quote(err));
+                if (db_connected(r->db)) {
+                        /* connected but failing: wait like a reconnect would */
+                        log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
+                                 r->reconnect_ms, log_quote(err));
+                        lifecycle_nap(r->http, r->reconnect_ms, stop);
+                        r->reconnect_ms = r->reconnect_ms * 2 > LIFECYCLE_RECONNECT_MAX_MS
+                                                  ? LIFECYCLE_RECONNECT_MAX_MS
+                                                  : r->reconnect_ms * 2;
+                }
                 if (*stop) {
                         if (stop_deadline == 0)
                                 stop_deadline = mono_s() + STOP_MARK_GRACE_S;
@@ -424,13 +451,32 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
                         rc = await_reports(r, w);
         }
         build_outcomes(r, wall_s());
-        if (mark_batch(r, n, stop) != 0)
+        if (mark_batch(r, n, stop) != 0) {
+                r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
                 rc = -1;
+        }
         db_batch_clear(&r->batch);
         metrics_add(M_BATCHES, NULL, 1);
         metrics_observe(M_BATCH_DURATION, mono_s() - started);
         log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, mono_s() - started);
         return rc == 0 ? (long)n : -1;
+}
+
+/* After every (re)connect, with no batch in flight: rows this relay id still
+ * holds are orphans (a lock statement whose result the lost connection took
+ * with it, or an earlier process with this id that died): take them back at
+ * once instead of waiting for the sweeper's lock timeout. */
+static int take_back_own(struct relay *r) {
+        char err[512];
+        long long n;
+        if (db_take_back_own(r->db, r->cfg->max_attempts, &n, err, sizeof err) != 0) {
+                log_warn("db", "taking back own locks failed", "err=%s", log_quote(err));
+                return -1;
+        }
+        r->seen_connects = db_connects(r->db);
+        if (n)
+                log_warn("relay", "took back rows locked under this relay id", "rows=%lld", n);
+        return 0;
 }
 
 int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
@@ -442,6 +488,8 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                         http_heartbeat(r->http);
                 metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, wall_s());
                 if (ensure_db(r, stop) != 0)
+                        continue;
+                if (db_connects(r->db) != r->seen_connects && take_back_own(r) != 0)
                         continue;
                 if (r->http)
                         http_set_ready(r->http, kafka_broker_up(r->kafka));
@@ -459,5 +507,5 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                 kafka_poll(r->kafka, 0);
         }
         log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
-        return 0;
+        return r->unmarked ? 1 : 0;
 }

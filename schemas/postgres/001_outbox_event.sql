@@ -38,11 +38,12 @@ CREATE TABLE IF NOT EXISTS outbox_event (
         UNIQUE (tenant_id, aggregate_type, aggregate_id, aggregate_version, event_type)
 );
 
--- The relay's lock scan: due rows in due-time order. Partial, so its size follows
--- the unpublished backlog only, and led by the ORDER BY column so a batch reads
--- LIMIT entries instead of sorting every due row (an index led by status does).
+-- The relay's lock scan: due rows in due-time order, lower versions first among
+-- rows due at the same time. Partial, so its size follows the unpublished
+-- backlog only, and in the ORDER BY's columns so a batch reads LIMIT entries
+-- instead of sorting every due row (an index led by status does).
 CREATE INDEX IF NOT EXISTS outbox_event_due_idx
-    ON outbox_event (available_at)
+    ON outbox_event (available_at, aggregate_version)
     WHERE status IN ('PENDING', 'FAILED');
 
 -- The per-aggregate guard probes "a lower version of this aggregate that is not
@@ -60,13 +61,13 @@ CREATE INDEX IF NOT EXISTS outbox_event_published_idx
     ON outbox_event (published_at)
     WHERE status = 'PUBLISHED';
 
--- One NOTIFY per inserting statement, on the channel '<schema>.<table>', so idle
--- relays wake at once. The relay LISTENs on the same name, resolved from
--- OUTBOX_TABLE.
+-- One NOTIFY per inserting statement, on the channel '<schema>.<table>' (cut to
+-- 63 bytes, PostgreSQL's limit for a channel name), so idle relays wake at once.
+-- The relay LISTENs on the same name, resolved from OUTBOX_TABLE.
 CREATE OR REPLACE FUNCTION outbox_event_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, '');
+    PERFORM pg_notify(left(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 63), '');
     RETURN NULL;
 END;
 $$;

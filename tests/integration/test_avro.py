@@ -6,6 +6,7 @@ and ids)."""
 import base64
 import io
 import json
+import re
 import os
 import struct
 
@@ -206,20 +207,27 @@ def test_registry_down_rows_fail_retriably_then_publish(db, kafka, tmp_path):
                         OUTBOX_BACKOFF_MAX_MS=400, OUTBOX_MAX_ATTEMPTS=2)
         with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
             # more attempts than OUTBOX_MAX_ATTEMPTS while down: FAILED with the registry
-            # code, never DEAD (an unreachable registry uses up no attempts);
+            # code, never DEAD, and the attempts are not counted (attempt_count stays 0);
             # the tombstone needs no schema and goes through
-            wait_until(lambda: db.count("status = 'FAILED' AND attempt_count >= 3") == 5, 60,
-                       what="rows FAILED three times")
+            def registry_failures():
+                return len(re.findall(r'msg="events failed, will retry".*err=REGISTRY_UNAVAILABLE',
+                                      relay.log_text()))
+            wait_until(lambda: registry_failures() >= 3, 60, what="three failed attempts")
+            wait_until(lambda: db.count("status = 'FAILED'") == 5, 10, what="rows FAILED")
             counts = db.status_counts()
             assert counts["DEAD"] == 0 and counts["PUBLISHED"] == 1, counts
             failed = db.rows(where="status = 'FAILED'")
             assert {r["last_error_code"] for r in failed} == {"REGISTRY_UNAVAILABLE"}
             assert all("HTTP 503" in r["last_error_message"] for r in failed)
+            assert all(r["attempt_count"] == 0 for r in failed), failed
             # down in another way: the connection drops without an answer
             reg.fail_with = "close"
-            before = max(r["attempt_count"] for r in db.rows())
-            wait_until(lambda: db.count("status = 'FAILED' AND attempt_count > %s", (before,)) == 5,
+            seen = registry_failures()
+            wait_until(lambda: registry_failures() >= seen + 3 and
+                       db.count("status = 'FAILED' AND last_error_message NOT LIKE %s",
+                                ("%HTTP 503%",)) == 5,
                        30, what="more attempts against a dropping registry")
+            assert all(r["attempt_count"] == 0 for r in db.rows(where="status = 'FAILED'"))
             assert db.status_counts()["DEAD"] == 0
             reg.fail_with = None
             wait_until(published(db, len(rows)), 30, what="rows PUBLISHED after the registry is up")

@@ -281,3 +281,21 @@ def test_ordering_none_publishes_without_the_guard(db, kafka, tmp_path):
     assert db.status_counts()["DEAD"] == 1
     msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
     assert sorted(int(header(m, "aggregate-version")) for m in msgs if m["key"] == "a0") == [2, 3, 4]
+
+
+def test_relay_takes_back_rows_its_id_left_locked(db, kafka, tmp_path):
+    # A relay process with this id died holding rows (a container restart keeps
+    # the pod name, the chart's relay id): the next one takes them back at once,
+    # without the sweeper; a row that already used up its attempts goes DEAD
+    # instead of looping through crashes forever.
+    ids = db.insert_events(make_events(aggregates=3, versions=1))
+    db.execute("UPDATE %s SET status = 'PUBLISHING', locked_by = 'pod-a', locked_at = now(),"
+               " attempt_count = CASE WHEN aggregate_id = 'a2' THEN 3 ELSE 1 END" % db.table)
+    env = relay_env(db, kafka, OUTBOX_RELAY_ID="pod-a", OUTBOX_MAX_ATTEMPTS=3)
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(published(db, 2), 20, what="orphaned rows published")
+        assert relay.stop() == 0
+        assert "took back rows locked under this relay id" in relay.log_text()
+    rows = {r["outbox_id"]: r for r in db.rows()}
+    assert rows[ids[2]]["status"] == "DEAD" and rows[ids[2]]["last_error_code"] == "STALE_LOCK"
+    assert [rows[i]["attempt_count"] for i in ids[:2]] == [2, 2]

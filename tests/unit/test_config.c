@@ -147,6 +147,14 @@ Test(config, redacts_passwords) {
         cr_assert_str_eq(out, "postgresql://db/app?user=u&password=****");
         config_redact_url("postgresql://u@db/app", out, sizeof out);
         cr_assert_str_eq(out, "postgresql://u@db/app");
+        /* libpq allows spaces around '=' and quoted values with escapes */
+        config_redact_url("host=db password = 's3 cr\\'et' dbname=app", out, sizeof out);
+        cr_assert_str_eq(out, "host=db password = **** dbname=app");
+        config_redact_url("password=ab", out, sizeof out);
+        cr_assert_str_eq(out, "password=****");
+        char small[12];
+        config_redact_url("password=abcdefghijklmnop", small, sizeof small);
+        cr_assert_null(strstr(small, "abc"), "%s", small);
 }
 
 Test(config, avro_registry_and_envelope_fields) {

@@ -1,5 +1,6 @@
 /* Unit tests of encode: topic template, JSON envelope, headers. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "encode.h"
@@ -123,4 +124,27 @@ Test(encode, buf_grows) {
         buf_reset(&b);
         cr_assert_eq(b.len, 0);
         cr_assert_str_eq(b.data, "");
+}
+
+Test(encode, utf8_clean) {
+        struct {
+                const char *in, *out;
+        } c[] = {
+                {"plain ascii", "plain ascii"},
+                {"caf\xc3\xa9", "caf\xc3\xa9"},
+                {"cut \xc3", "cut "},     /* 2-byte character cut at the end */
+                {"cut \xe2\x82", "cut "}, /* 3-byte character cut at the end */
+                {"bad \xff byte", "bad ? byte"},
+                {"lone \x80 cont", "lone ? cont"},
+                {"overlong \xc0\xaf", "overlong ??"},
+                {"surrogate \xed\xa0\x80", "surrogate ???"},
+                {"euro \xe2\x82\xac ok", "euro \xe2\x82\xac ok"},
+                {"emoji \xf0\x9f\x98\x80", "emoji \xf0\x9f\x98\x80"},
+        };
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+                char s[64];
+                snprintf(s, sizeof s, "%s", c[i].in);
+                encode_utf8_clean(s);
+                cr_expect_str_eq(s, c[i].out, "case %zu", i);
+        }
 }
