@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <time.h>
 
 #include "config.h"
 #include "encode.h"
@@ -19,10 +20,10 @@ const char *const db_status_names[DB_STATUS_COUNT] = {"PENDING", "PUBLISHING", "
 struct db {
         char *url, *table, *relay_id;
         PGconn *conn;
-        char *qtable;  /* "schema"."table", resolved at connect */
-        char *channel; /* schema.table */
-        int prepared_lock[2];
-        long connects; /* successful db_connect() calls */
+        char *qtable;       /* "schema"."table", resolved at connect */
+        char *channel;      /* schema.table */
+        long connects;      /* successful db_connect() calls */
+        double topup_after; /* monotonic time before which lock_heads is skipped */
 };
 
 /* Columns every locked row returns, in struct outbox_event order. headers is
@@ -106,7 +107,6 @@ void db_disconnect(struct db *db) {
         free(db->qtable);
         free(db->channel);
         db->qtable = db->channel = NULL;
-        db->prepared_lock[0] = db->prepared_lock[1] = 0;
 }
 
 /* Runs a statement without parameters; -1 (errstr set) unless it succeeded. */
@@ -142,68 +142,80 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         struct buf sql = {0};
         int rc = -1;
 
-        /* Lock (DESIGN.md steps 1 and 2); variant 1 carries the aggregate guard.
+        /* Lock (DESIGN.md steps 1 and 2). Three statements share a head
+         * (`win`: the oldest due rows, lower versions first among rows due at
+         * the same time, taken with SKIP LOCKED) and a tail (`locked`: set
+         * PUBLISHING, return the columns, ordered by aggregate and version).
          *
-         * The guard admits a run of consecutive versions of one aggregate:
-         * `due` takes (and row-locks) rows whose lower unpublished versions
-         * are all due no later than themselves (so the scan meets them first:
-         * a retried version n, due again only after its backoff, is not
-         * overtaken by n+1.. queued behind it), and `ready` keeps those whose lower
-         * unpublished versions were all taken by this very statement. So
-         * version n+1 is locked only together with n (or after n is
-         * PUBLISHED), never while n is in flight, backing off, DEAD or held
-         * by another relay; the relay then publishes a run in version order,
-         * n+1 only after n's acknowledgement. Rows of `due` left out of
-         * `ready` stay as they were (their row locks end with the statement). */
-        for (int guard = 0; guard < 2; guard++) {
+         * lock_unordered (OUTBOX_ORDERING=none): every row of the window.
+         *
+         * lock_runs (the guard): a row of the window is ready when every
+         * unpublished version of its aggregate below it is in the window too:
+         * per aggregate, the lowest unpublished version up to the window's
+         * highest that the window lacks (one ordered index probe that stops
+         * there) bounds what may go. A run of consecutive versions of a busy
+         * aggregate thus goes in one batch, and nothing goes while an earlier
+         * version is in flight, backing off, DEAD or held by another relay.
+         * The cost follows the window, not the backlog.
+         *
+         * lock_heads (the classic guard, for rows the window could not
+         * reach): rows that are the lowest unpublished version of their
+         * aggregate. Its scan steps over blocked rows, so the relay runs it
+         * only to top up a short batch.
+         *
+         * The guards are scalar subqueries on purpose: as NOT EXISTS, the
+         * planner may hash-join each row with every version of its aggregate,
+         * quadratic in a hot aggregate's backlog. */
+        static const char *const win_fmt =
+                "WITH win AS MATERIALIZED ("
+                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
+                "  o.aggregate_version FROM %s o"
+                " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()%s"
+                " ORDER BY o.available_at, o.aggregate_version"
+                " LIMIT $1 FOR UPDATE OF o SKIP LOCKED)";
+        static const char *const head_guard =
+                " AND o.aggregate_version <= (SELECT p.aggregate_version FROM %s p"
+                "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
+                "  AND p.aggregate_id = o.aggregate_id AND p.status <> 'PUBLISHED'"
+                "  ORDER BY p.aggregate_version LIMIT 1)";
+        static const char *const runs_fmt =
+                ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"
+                "  max(aggregate_version) AS top FROM win GROUP BY 1, 2, 3),"
+                " gap AS MATERIALIZED (SELECT a.tenant_id, a.aggregate_type, a.aggregate_id,"
+                "  (SELECT p.aggregate_version FROM %s p"
+                "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
+                "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version <= a.top"
+                "   AND p.status <> 'PUBLISHED'"
+                "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
+                "   ORDER BY p.aggregate_version LIMIT 1) AS missing"
+                "  FROM agg a),"
+                " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
+                "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
+                "  AND g.aggregate_id = w.aggregate_id"
+                "  WHERE g.missing IS NULL OR w.aggregate_version < g.missing)";
+        static const char *const tail_fmt =
+                ", locked AS ("
+                " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
+                "  locked_at = now(), last_attempt_at = now(),"
+                "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
+                " FROM %s r WHERE o.outbox_id = r.outbox_id"
+                " RETURNING %s)"
+                " SELECT * FROM locked ORDER BY 2, 3, 4, 5";
+        static const char *const names[] = {"lock_unordered", "lock_runs", "lock_heads"};
+        for (int v = 0; v < 3; v++) {
+                struct buf guard = {0};
                 buf_reset(&sql);
-                if (buf_appendf(
-                            &sql,
-                            "WITH due AS MATERIALIZED ("
-                            " SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
-                            "  o.aggregate_id, o.aggregate_version FROM %s o"
-                            " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()",
-                            t))
+                int bad = v == 2 && buf_appendf(&guard, head_guard, t);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+                bad = bad || buf_appendf(&sql, win_fmt, t, v == 2 ? guard.data : "") ||
+                      (v == 1 && buf_appendf(&sql, runs_fmt, t)) ||
+                      buf_appendf(&sql, tail_fmt, t, v == 1 ? "ready" : "win", lock_columns);
+#pragma GCC diagnostic pop
+                buf_free(&guard);
+                if (bad)
                         goto oom;
-                if (guard && buf_appendf(&sql,
-                                         " AND NOT EXISTS (SELECT 1 FROM %s p"
-                                         "  WHERE p.tenant_id = o.tenant_id"
-                                         "  AND p.aggregate_type = o.aggregate_type"
-                                         "  AND p.aggregate_id = o.aggregate_id"
-                                         "  AND p.aggregate_version < o.aggregate_version"
-                                         "  AND p.status <> 'PUBLISHED'"
-                                         "  AND NOT (p.status IN ('PENDING','FAILED')"
-                                         "   AND p.available_at <= o.available_at))",
-                                         t))
-                        goto oom;
-                if (buf_appendf(&sql, " ORDER BY o.available_at, o.aggregate_version"
-                                      " LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
-                                      " ready AS (SELECT d.outbox_id FROM due d"))
-                        goto oom;
-                if (guard && buf_appendf(&sql,
-                                         " WHERE NOT EXISTS (SELECT 1 FROM %s p"
-                                         "  WHERE p.tenant_id = d.tenant_id"
-                                         "  AND p.aggregate_type = d.aggregate_type"
-                                         "  AND p.aggregate_id = d.aggregate_id"
-                                         "  AND p.aggregate_version < d.aggregate_version"
-                                         "  AND p.status <> 'PUBLISHED'"
-                                         "  AND NOT EXISTS (SELECT 1 FROM due x"
-                                         "   WHERE x.outbox_id = p.outbox_id))",
-                                         t))
-                        goto oom;
-                if (buf_appendf(
-                            &sql,
-                            "), locked AS ("
-                            " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
-                            "  locked_at = now(), last_attempt_at = now(),"
-                            "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                            " FROM ready WHERE o.outbox_id = ready.outbox_id"
-                            " RETURNING %s)"
-                            " SELECT * FROM locked ORDER BY 2, 3, 4, 5",
-                            t, lock_columns))
-                        goto oom;
-                if (prepare(db, guard ? "lock_guarded" : "lock_unordered", sql.data, 2, errstr,
-                            size))
+                if (prepare(db, names[v], sql.data, 2, errstr, size))
                         goto out;
         }
 
@@ -341,6 +353,10 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 if (exec_simple(db, listen, errstr, errstr_size))
                         goto out;
         }
+        /* JIT compiling the lock statements costs more than running them
+         * (hundreds of ms on a hot aggregate's backlog). */
+        if (exec_simple(db, "SET jit = off", errstr, errstr_size))
+                goto out;
         if (prepare_all(db, errstr, errstr_size))
                 goto out;
         db->connects++;
@@ -356,38 +372,27 @@ out:
         return rc;
 }
 
-int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
-                  char *errstr, size_t errstr_size) {
+/* Runs one lock statement; the result (or NULL with errstr set). */
+static PGresult *run_lock(struct db *db, const char *stmt, int limit, char *errstr, size_t size) {
         char lim[16];
         const char *params[2] = {lim, db->relay_id};
-        memset(out, 0, sizeof *out);
-        if (!db_connected(db))
-                return fail(errstr, errstr_size, "not connected");
         snprintf(lim, sizeof lim, "%d", limit);
-        PGresult *r =
-                PQexecPrepared(db->conn, ordering_aggregate ? "lock_guarded" : "lock_unordered", 2,
-                               params, NULL, NULL, 0);
+        PGresult *r = PQexecPrepared(db->conn, stmt, 2, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
-                fail(errstr, errstr_size, "lock batch: %s", PQerrorMessage(db->conn));
+                fail(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);
-                return -1;
+                return NULL;
         }
-        size_t n = (size_t)PQntuples(r);
-        if (n == 0) {
-                PQclear(r);
-                return 0;
-        }
-        out->events = calloc(n, sizeof *out->events);
-        if (!out->events) {
-                /* The rows stay PUBLISHING until the sweeper returns them. */
-                PQclear(r);
-                return fail(errstr, errstr_size, "out of memory for %zu rows", n);
-        }
-#define V(col) (PQgetisnull(r, (int)i, col) ? NULL : PQgetvalue(r, (int)i, col))
-#define S(col) PQgetvalue(r, (int)i, col) /* NOT NULL columns: "" never NULL */
-        for (size_t i = 0; i < n; i++) {
-                struct outbox_event *e = &out->events[i];
+        return r;
+}
+
+/* Points events at the rows of r. */
+static void fill_events(PGresult *r, struct outbox_event *events) {
+#define V(col) (PQgetisnull(r, i, col) ? NULL : PQgetvalue(r, i, col))
+#define S(col) PQgetvalue(r, i, col) /* NOT NULL columns: "" never NULL */
+        for (int i = 0; i < PQntuples(r); i++) {
+                struct outbox_event *e = &events[i];
                 e->outbox_id = V(C_ID);
                 e->tenant_id = V(C_TENANT);
                 e->aggregate_type = V(C_AGG_TYPE);
@@ -399,7 +404,7 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
                 e->partition_key = V(C_PKEY);
                 e->event_key = V(C_EVENT_KEY);
                 e->payload = V(C_PAYLOAD);
-                e->payload_len = e->payload ? (size_t)PQgetlength(r, (int)i, C_PAYLOAD) : 0;
+                e->payload_len = e->payload ? (size_t)PQgetlength(r, i, C_PAYLOAD) : 0;
                 e->headers = V(C_HEADERS);
                 e->correlation_id = V(C_CORRELATION);
                 e->causation_id = V(C_CAUSATION);
@@ -410,15 +415,81 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
         }
 #undef V
 #undef S
+}
+
+/* The results behind a batch. */
+struct batch_results {
+        PGresult *r[2];
+};
+
+static double mono_now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
+                  char *errstr, size_t errstr_size) {
+        struct batch_results *br = NULL;
+        memset(out, 0, sizeof *out);
+        if (!db_connected(db))
+                return fail(errstr, errstr_size, "not connected");
+        br = calloc(1, sizeof *br);
+        if (!br)
+                return fail(errstr, errstr_size, "out of memory");
+        br->r[0] = run_lock(db, ordering_aggregate ? "lock_runs" : "lock_unordered", limit, errstr,
+                            errstr_size);
+        if (!br->r[0])
+                goto fail;
+        int n0 = PQntuples(br->r[0]);
+        /* A short batch under the guard: the window may have been full of
+         * blocked versions, with heads of other aggregates behind them. Top
+         * it up with the classic guard; after a top-up that found nothing,
+         * not again for a second (its scan steps over every blocked row). */
+        if (ordering_aggregate && n0 < limit && mono_now() >= db->topup_after) {
+                br->r[1] = run_lock(db, "lock_heads", limit - n0, errstr, errstr_size);
+                if (!br->r[1])
+                        goto fail; /* r[0]'s rows stay PUBLISHING: the relay takes them back */
+                if (PQntuples(br->r[1]) == 0)
+                        db->topup_after = mono_now() + 1.0;
+        }
+        size_t n = (size_t)n0 + (size_t)(br->r[1] ? PQntuples(br->r[1]) : 0);
+        if (n == 0) {
+                PQclear(br->r[0]);
+                PQclear(br->r[1]);
+                free(br);
+                return 0;
+        }
+        out->events = calloc(n, sizeof *out->events);
+        if (!out->events) {
+                fail(errstr, errstr_size, "out of memory for %zu rows", n);
+                goto fail; /* the rows stay PUBLISHING: the relay takes them back */
+        }
+        /* The two sets hold different aggregates (a run's aggregate has its
+         * head locked, so lock_heads cannot take it): each aggregate's rows
+         * stay together, in version order. */
+        fill_events(br->r[0], out->events);
+        if (br->r[1])
+                fill_events(br->r[1], out->events + n0);
         out->count = n;
-        out->priv = r;
+        out->priv = br;
         return 0;
+fail:
+        PQclear(br->r[0]);
+        PQclear(br->r[1]);
+        free(br);
+        return -1;
 }
 
 void db_batch_clear(struct db_batch *b) {
         if (!b)
                 return;
-        PQclear(b->priv);
+        struct batch_results *br = b->priv;
+        if (br) {
+                PQclear(br->r[0]);
+                PQclear(br->r[1]);
+                free(br);
+        }
         free(b->events);
         memset(b, 0, sizeof *b);
 }
