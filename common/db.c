@@ -151,9 +151,10 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          *
          * lock_runs (the guard): a row of the window is ready when every
          * unpublished version of its aggregate below it is in the window too:
-         * per aggregate, the lowest unpublished version up to the window's
-         * highest that the window lacks (one ordered index probe that stops
-         * there) bounds what may go. A run of consecutive versions of a busy
+         * per aggregate, nothing unpublished below the window's lowest
+         * version (`behind`), and the lowest unpublished version between its
+         * lowest and highest that the window lacks (`missing`) bounds what
+         * may go. A run of consecutive versions of a busy
          * aggregate thus goes in one batch, and nothing goes while an earlier
          * version is in flight, backing off, DEAD or held by another relay.
          * The cost follows the window, not the backlog.
@@ -165,7 +166,10 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          *
          * The guards are scalar subqueries on purpose: as NOT EXISTS, the
          * planner may hash-join each row with every version of its aggregate,
-         * quadratic in a hot aggregate's backlog. */
+         * quadratic in a hot aggregate's backlog. They probe downwards from
+         * the row: a blocked version finds its unpublished predecessor at
+         * once, and only a real head walks past the index entries its
+         * published versions left behind until VACUUM removes them. */
         static const char *const win_fmt =
                 "WITH win AS MATERIALIZED ("
                 " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
@@ -174,17 +178,25 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " ORDER BY o.available_at, o.aggregate_version"
                 " LIMIT $1 FOR UPDATE OF o SKIP LOCKED)";
         static const char *const head_guard =
-                " AND o.aggregate_version <= (SELECT p.aggregate_version FROM %s p"
+                " AND (SELECT p.aggregate_version FROM %s p"
                 "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
                 "  AND p.aggregate_id = o.aggregate_id AND p.status <> 'PUBLISHED'"
-                "  ORDER BY p.aggregate_version LIMIT 1)";
+                "  AND p.aggregate_version < o.aggregate_version"
+                "  ORDER BY p.aggregate_version DESC LIMIT 1) IS NULL";
         static const char *const runs_fmt =
                 ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"
-                "  max(aggregate_version) AS top FROM win GROUP BY 1, 2, 3),"
+                "  min(aggregate_version) AS lo, max(aggregate_version) AS top"
+                "  FROM win GROUP BY 1, 2, 3),"
                 " gap AS MATERIALIZED (SELECT a.tenant_id, a.aggregate_type, a.aggregate_id,"
                 "  (SELECT p.aggregate_version FROM %s p"
                 "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
-                "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version <= a.top"
+                "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version < a.lo"
+                "   AND p.status <> 'PUBLISHED'"
+                "   ORDER BY p.aggregate_version DESC LIMIT 1) AS behind,"
+                "  (SELECT p.aggregate_version FROM %s p"
+                "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
+                "   AND p.aggregate_id = a.aggregate_id"
+                "   AND p.aggregate_version BETWEEN a.lo AND a.top"
                 "   AND p.status <> 'PUBLISHED'"
                 "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
                 "   ORDER BY p.aggregate_version LIMIT 1) AS missing"
@@ -192,7 +204,8 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
                 "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
                 "  AND g.aggregate_id = w.aggregate_id"
-                "  WHERE g.missing IS NULL OR w.aggregate_version < g.missing)";
+                "  WHERE g.behind IS NULL"
+                "  AND (g.missing IS NULL OR w.aggregate_version < g.missing))";
         static const char *const tail_fmt =
                 ", locked AS ("
                 " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
@@ -209,7 +222,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
                 bad = bad || buf_appendf(&sql, win_fmt, t, v == 2 ? guard.data : "") ||
-                      (v == 1 && buf_appendf(&sql, runs_fmt, t)) ||
+                      (v == 1 && buf_appendf(&sql, runs_fmt, t, t)) ||
                       buf_appendf(&sql, tail_fmt, t, v == 1 ? "ready" : "win", lock_columns);
 #pragma GCC diagnostic pop
                 buf_free(&guard);
