@@ -137,6 +137,54 @@ static int prepare(struct db *db, const char *name, const char *sql, int nparams
         return rc;
 }
 
+/* Statements with the table's name as their only format argument, prepared
+ * on every connect. */
+static const struct {
+        const char *name;
+        int nparams;
+        const char *fmt;
+} table_stmts[] = {
+        /* Rows locked but never produced go back as they were, the attempt
+         * not counted: FAILED if an attempt had been made before, else PENDING. */
+        {"mark_released", 2,
+         "UPDATE %s SET status = CASE WHEN attempt_count > 1"
+         "  THEN 'FAILED' ELSE 'PENDING' END,"
+         " attempt_count = attempt_count - 1,"
+         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+         " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
+         " AND locked_by = $2"},
+        {"mark_published", 2,
+         "UPDATE %s SET status = 'PUBLISHED', published_at = now(),"
+         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+         " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
+         " AND locked_by = $2"},
+        {"mark_unpublished", 7,
+         "UPDATE %s o SET status = $1,"
+         " available_at = CASE WHEN $1 = 'FAILED'"
+         "  THEN now() + u.delay_ms * interval '1 millisecond'"
+         "  ELSE o.available_at END,"
+         " last_error_code = u.code, last_error_message = u.msg,"
+         " attempt_count = o.attempt_count - u.uncount,"
+         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+         " FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::text[], $7::int[])"
+         "  AS u(id, delay_ms, code, msg, uncount)"
+         " WHERE o.outbox_id = u.id AND o.status = 'PUBLISHING'"
+         " AND o.locked_by = $6"},
+        /* Rows this relay id still holds when no batch is in flight: a lock
+         * statement whose result was lost with the connection, or a previous
+         * process with the same id that died. Like the sweeper's stale-lock
+         * reset, but at once; a row whose attempts are used up goes DEAD (a
+         * row that keeps killing its relay must not loop forever). */
+        {"take_back_own", 2,
+         "UPDATE %s SET status = CASE WHEN attempt_count >= $2"
+         "  THEN 'DEAD' ELSE 'FAILED' END,"
+         " available_at = now(), last_error_code = 'STALE_LOCK',"
+         " last_error_message = 'lock of ' || locked_by"
+         "  || ' taken back by the same relay id after a reconnect or restart',"
+         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+         " WHERE status = 'PUBLISHING' AND locked_by = $1"},
+};
+
 static int prepare_all(struct db *db, char *errstr, size_t size) {
         const char *t = db->qtable;
         struct buf sql = {0};
@@ -232,68 +280,18 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                         goto out;
         }
 
-        /* Rows locked but never produced go back as they were, the attempt
-         * not counted: FAILED if an attempt had been made before, else PENDING. */
-        buf_reset(&sql);
-        if (buf_appendf(&sql,
-                        "UPDATE %s SET status = CASE WHEN attempt_count > 1"
-                        "  THEN 'FAILED' ELSE 'PENDING' END,"
-                        " attempt_count = attempt_count - 1,"
-                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                        " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
-                        " AND locked_by = $2",
-                        t))
-                goto oom;
-        if (prepare(db, "mark_released", sql.data, 2, errstr, size))
-                goto out;
-
-        buf_reset(&sql);
-        if (buf_appendf(&sql,
-                        "UPDATE %s SET status = 'PUBLISHED', published_at = now(),"
-                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                        " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
-                        " AND locked_by = $2",
-                        t))
-                goto oom;
-        if (prepare(db, "mark_published", sql.data, 2, errstr, size))
-                goto out;
-
-        buf_reset(&sql);
-        if (buf_appendf(&sql,
-                        "UPDATE %s o SET status = $1,"
-                        " available_at = CASE WHEN $1 = 'FAILED'"
-                        "  THEN now() + u.delay_ms * interval '1 millisecond'"
-                        "  ELSE o.available_at END,"
-                        " last_error_code = u.code, last_error_message = u.msg,"
-                        " attempt_count = o.attempt_count - u.uncount,"
-                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                        " FROM unnest($2::uuid[], $3::bigint[], $4::text[], $5::text[], $7::int[])"
-                        "  AS u(id, delay_ms, code, msg, uncount)"
-                        " WHERE o.outbox_id = u.id AND o.status = 'PUBLISHING'"
-                        " AND o.locked_by = $6",
-                        t))
-                goto oom;
-        if (prepare(db, "mark_unpublished", sql.data, 7, errstr, size))
-                goto out;
-
-        /* Rows this relay id still holds when no batch is in flight: a lock
-         * statement whose result was lost with the connection, or a previous
-         * process with the same id that died. Like the sweeper's stale-lock
-         * reset, but at once; a row whose attempts are used up goes DEAD (a
-         * row that keeps killing its relay must not loop forever). */
-        buf_reset(&sql);
-        if (buf_appendf(&sql,
-                        "UPDATE %s SET status = CASE WHEN attempt_count >= $2"
-                        "  THEN 'DEAD' ELSE 'FAILED' END,"
-                        " available_at = now(), last_error_code = 'STALE_LOCK',"
-                        " last_error_message = 'lock of ' || locked_by"
-                        "  || ' taken back by the same relay id after a reconnect or restart',"
-                        " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                        " WHERE status = 'PUBLISHING' AND locked_by = $1",
-                        t))
-                goto oom;
-        if (prepare(db, "take_back_own", sql.data, 2, errstr, size))
-                goto out;
+        for (size_t i = 0; i < sizeof table_stmts / sizeof table_stmts[0]; i++) {
+                buf_reset(&sql);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+                int bad = buf_appendf(&sql, table_stmts[i].fmt, t);
+#pragma GCC diagnostic pop
+                if (bad)
+                        goto oom;
+                if (prepare(db, table_stmts[i].name, sql.data, table_stmts[i].nparams, errstr,
+                            size))
+                        goto out;
+        }
         rc = 0;
         goto out;
 oom:
