@@ -5,12 +5,12 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "encode.h"
+#include "errstr.h"
 #include "log.h"
 
 extern char **environ;
@@ -96,16 +96,6 @@ struct source {
         char where[160];
         int rank; /* 0 default, 1 file, 2 env, 3 flag */
 };
-
-static int fail(char *errstr, size_t size, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
-static int fail(char *errstr, size_t size, const char *fmt, ...) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, size, fmt, ap);
-        va_end(ap);
-        return -1;
-}
 
 /* "OUTBOX_BATCH_SIZE" -> "batch_size" (file key). */
 static void key_of(const struct opt *o, char *out, size_t size) {
@@ -322,7 +312,8 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
                      enum config_program prog, char *errstr, size_t size) {
         FILE *f = fopen(path, "r");
         if (!f)
-                return fail(errstr, size, "--config: cannot open %s: %s", path, strerror(errno));
+                return errstr_set(errstr, size, "--config: cannot open %s: %s", path,
+                                  strerror(errno));
         char line[4096], where[160];
         int lineno = 0, rc = 0;
         while (fgets(line, sizeof line, f)) {
@@ -332,8 +323,8 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
                         continue;
                 char *eq = strchr(s, '=');
                 if (!eq) {
-                        rc = fail(errstr, size, "--config: %s line %d: expected key = value", path,
-                                  lineno);
+                        rc = errstr_set(errstr, size, "--config: %s line %d: expected key = value",
+                                        path, lineno);
                         break;
                 }
                 *eq = '\0';
@@ -349,7 +340,8 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
                         if (!name || cfg->kafka_cnt >= MAX_KAFKA ||
                             set_kafka(cfg, kranks, name, val, 1, key) != 0) {
                                 free(name);
-                                rc = fail(errstr, size, "--config: too many kafka properties");
+                                rc = errstr_set(errstr, size,
+                                                "--config: too many kafka properties");
                                 break;
                         }
                         free(name);
@@ -363,12 +355,12 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
                                 break;
                 }
                 if (i == NOPTS || !(opts[i].programs & (int)prog)) {
-                        rc = fail(errstr, size, "--config: %s line %d: unknown key '%s'", path,
-                                  lineno, key);
+                        rc = errstr_set(errstr, size, "--config: %s line %d: unknown key '%s'",
+                                        path, lineno, key);
                         break;
                 }
                 if (set_source(&src[i], val, 1, where) != 0) {
-                        rc = fail(errstr, size, "out of memory");
+                        rc = errstr_set(errstr, size, "out of memory");
                         break;
                 }
         }
@@ -389,7 +381,7 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
         case T_STR: {
                 char *copy = strdup(v);
                 if (!copy)
-                        return fail(errstr, size, "out of memory");
+                        return errstr_set(errstr, size, "out of memory");
                 *(char **)field = copy;
                 return 0;
         }
@@ -399,10 +391,11 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
                 errno = 0;
                 long long n = strtoll(v, &end, 10);
                 if (errno || end == v || *trim(end) != '\0')
-                        return fail(errstr, size, "%s: not an integer: '%s'%s", o->env, v, from);
+                        return errstr_set(errstr, size, "%s: not an integer: '%s'%s", o->env, v,
+                                          from);
                 if (n < o->min || n > o->max)
-                        return fail(errstr, size, "%s: %lld is out of range [%lld, %lld]%s", o->env,
-                                    n, o->min, o->max, from);
+                        return errstr_set(errstr, size, "%s: %lld is out of range [%lld, %lld]%s",
+                                          o->env, n, o->min, o->max, from);
                 if (o->type == T_INT)
                         *(int *)field = (int)n;
                 else
@@ -420,8 +413,8 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
                 for (int i = 0; o->choices[i]; i++)
                         snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
                                  i ? ", " : "", o->choices[i]);
-                return fail(errstr, size, "%s: unknown value '%s' (expected one of: %s)%s", o->env,
-                            v, list, from);
+                return errstr_set(errstr, size, "%s: unknown value '%s' (expected one of: %s)%s",
+                                  o->env, v, list, from);
         }
         return -1;
 }
@@ -429,36 +422,38 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
 /* Cross-field checks after every value is parsed. */
 static int validate(struct config *cfg, enum config_program prog, char *errstr, size_t size) {
         if (!cfg->database_url || !*cfg->database_url)
-                return fail(errstr, size, "OUTBOX_DATABASE_URL: required but not set");
+                return errstr_set(errstr, size, "OUTBOX_DATABASE_URL: required but not set");
         if (config_check_identifier(cfg->table) != 0)
-                return fail(errstr, size,
-                            "OUTBOX_TABLE: '%s' is not an identifier or schema.identifier "
-                            "(letters, digits, _; at most 63 bytes each)",
-                            cfg->table);
+                return errstr_set(errstr, size,
+                                  "OUTBOX_TABLE: '%s' is not an identifier or schema.identifier "
+                                  "(letters, digits, _; at most 63 bytes each)",
+                                  cfg->table);
         if (strcmp(cfg->http_addr, "off") != 0) {
                 const char *colon = strrchr(cfg->http_addr, ':');
                 char *end = NULL;
                 long port = colon ? strtol(colon + 1, &end, 10) : -1;
                 if (!colon || end == colon + 1 || *end || port < 0 || port > 65535)
-                        return fail(errstr, size, "OUTBOX_HTTP_ADDR: '%s' is not host:port or off",
-                                    cfg->http_addr);
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_HTTP_ADDR: '%s' is not host:port or off",
+                                          cfg->http_addr);
         }
         if (prog == CONFIG_RELAY) {
                 if (cfg->backoff_initial_ms > cfg->backoff_max_ms)
-                        return fail(errstr, size,
-                                    "OUTBOX_BACKOFF_INITIAL_MS: %d is larger than "
-                                    "OUTBOX_BACKOFF_MAX_MS %d",
-                                    cfg->backoff_initial_ms, cfg->backoff_max_ms);
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_BACKOFF_INITIAL_MS: %d is larger than "
+                                          "OUTBOX_BACKOFF_MAX_MS %d",
+                                          cfg->backoff_initial_ms, cfg->backoff_max_ms);
                 const char *t = cfg->topic_template;
                 if (!*t)
-                        return fail(errstr, size, "OUTBOX_TOPIC_TEMPLATE: empty");
+                        return errstr_set(errstr, size, "OUTBOX_TOPIC_TEMPLATE: empty");
                 for (const char *p = strchr(t, '{'); p; p = strchr(p + 1, '{')) {
                         if (strncmp(p, "{aggregate_type}", 16) && strncmp(p, "{event_type}", 12) &&
                             strncmp(p, "{tenant_id}", 11))
-                                return fail(errstr, size,
-                                            "OUTBOX_TOPIC_TEMPLATE: unknown placeholder at '%s' "
-                                            "(known: {aggregate_type} {event_type} {tenant_id})",
-                                            p);
+                                return errstr_set(
+                                        errstr, size,
+                                        "OUTBOX_TOPIC_TEMPLATE: unknown placeholder at '%s' "
+                                        "(known: {aggregate_type} {event_type} {tenant_id})",
+                                        p);
                 }
                 size_t i;
                 for (i = 0; i < cfg->kafka_cnt; i++)
@@ -466,25 +461,26 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                             *cfg->kafka[i].value)
                                 break;
                 if (i == cfg->kafka_cnt)
-                        return fail(errstr, size,
-                                    "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: required but not set");
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: required but not set");
                 if (*cfg->schema_registry_url && strncmp(cfg->schema_registry_url, "http://", 7) &&
                     strncmp(cfg->schema_registry_url, "https://", 8))
-                        return fail(errstr, size,
-                                    "OUTBOX_SCHEMA_REGISTRY_URL: must start with http:// or "
-                                    "https://");
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_SCHEMA_REGISTRY_URL: must start with http:// or "
+                                          "https://");
                 struct encode_fields fields;
                 char why[300];
                 if (encode_fields_parse(cfg->envelope_fields, &fields, why, sizeof why) != 0)
-                        return fail(errstr, size, "OUTBOX_ENVELOPE_FIELDS: %s", why);
+                        return errstr_set(errstr, size, "OUTBOX_ENVELOPE_FIELDS: %s", why);
                 if (fields.n && cfg->value_format == VALUE_PAYLOAD)
-                        return fail(errstr, size,
-                                    "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is "
-                                    "payload (there is no envelope)");
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is "
+                                          "payload (there is no envelope)");
                 if (cfg->serialization == SERIALIZATION_JSON && *cfg->schema_registry_url)
-                        return fail(errstr, size,
-                                    "OUTBOX_SCHEMA_REGISTRY_URL: set, but OUTBOX_SERIALIZATION "
-                                    "is json (the registry is for avro)");
+                        return errstr_set(
+                                errstr, size,
+                                "OUTBOX_SCHEMA_REGISTRY_URL: set, but OUTBOX_SERIALIZATION "
+                                "is json (the registry is for avro)");
         }
         if (!*cfg->relay_id) {
                 char host[256] = "";
@@ -495,7 +491,7 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                 free(cfg->relay_id);
                 cfg->relay_id = strdup(id);
                 if (!cfg->relay_id)
-                        return fail(errstr, size, "out of memory");
+                        return errstr_set(errstr, size, "out of memory");
         }
         return 0;
 }
@@ -511,7 +507,7 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
         memset(src, 0, sizeof src);
         cfg->kafka = calloc(MAX_KAFKA, sizeof *cfg->kafka);
         if (!cfg->kafka)
-                return fail(errstr, errstr_size, "out of memory");
+                return errstr_set(errstr, errstr_size, "out of memory");
 
         for (size_t i = 0; i < NOPTS; i++)
                 if (opts[i].def && set_source(&src[i], opts[i].def, 0, "default") != 0)
@@ -541,7 +537,7 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                 const char *eq = strchr(arg, '=');
                 if (!strcmp(arg, "-X") || (strncmp(arg, "--", 2) == 0 && !eq)) {
                         if (a + 1 >= argc) {
-                                rc = fail(errstr, errstr_size, "%s: missing value", arg);
+                                rc = errstr_set(errstr, errstr_size, "%s: missing value", arg);
                                 goto done;
                         }
                         val = argv[++a];
@@ -550,8 +546,8 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                         snprintf(name, sizeof name, "%.*s", (int)(eq - arg), arg);
                         val = eq + 1;
                 } else {
-                        rc = fail(errstr, errstr_size, "unexpected argument '%s' (see --help)",
-                                  arg);
+                        rc = errstr_set(errstr, errstr_size,
+                                        "unexpected argument '%s' (see --help)", arg);
                         goto done;
                 }
                 if (!strcmp(name, "--config")) {
@@ -561,8 +557,8 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                 if (!strcmp(name, "-X")) {
                         const char *peq = strchr(val, '=');
                         if (!peq || peq == val) {
-                                rc = fail(errstr, errstr_size,
-                                          "-X %s: expected librdkafka property=value", val);
+                                rc = errstr_set(errstr, errstr_size,
+                                                "-X %s: expected librdkafka property=value", val);
                                 goto done;
                         }
                         char prop[256];
@@ -580,7 +576,8 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                                 break;
                 }
                 if (i == NOPTS) {
-                        rc = fail(errstr, errstr_size, "%s: unknown option (see --help)", name);
+                        rc = errstr_set(errstr, errstr_size, "%s: unknown option (see --help)",
+                                        name);
                         goto done;
                 }
                 char where[160];
@@ -610,7 +607,7 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                         if (!name || !*name || cfg->kafka_cnt >= MAX_KAFKA ||
                             set_kafka(cfg, kranks, name, eq2 + 1, 2, var) != 0) {
                                 free(name);
-                                rc = fail(errstr, errstr_size, "%s: cannot be used", var);
+                                rc = errstr_set(errstr, errstr_size, "%s: cannot be used", var);
                                 goto done;
                         }
                         free(name);
@@ -634,7 +631,7 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
         goto done;
 
 oom:
-        rc = fail(errstr, errstr_size, "out of memory");
+        rc = errstr_set(errstr, errstr_size, "out of memory");
 done:
         for (size_t i = 0; i < NOPTS; i++)
                 free(src[i].value);

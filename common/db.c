@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <libpq-fe.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 
 #include "config.h"
 #include "encode.h"
+#include "errstr.h"
 #include "log.h"
 
 const char *const db_status_names[DB_STATUS_COUNT] = {"PENDING", "PUBLISHING", "PUBLISHED",
@@ -65,23 +65,6 @@ enum {
         C_NCOLS
 };
 
-static int fail(char *errstr, size_t size, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
-static int fail(char *errstr, size_t size, const char *fmt, ...) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, size, fmt, ap);
-        va_end(ap);
-        /* libpq messages end in a newline: one line per log event */
-        size_t n = strlen(errstr);
-        while (n && (errstr[n - 1] == '\n' || errstr[n - 1] == ' '))
-                errstr[--n] = '\0';
-        for (char *p = errstr; *p; p++)
-                if (*p == '\n')
-                        *p = ' ';
-        return -1;
-}
-
 struct db *db_new(const char *url, const char *table, const char *relay_id) {
         struct db *db = calloc(1, sizeof *db);
         if (!db)
@@ -115,7 +98,7 @@ static int exec_simple(struct db *db, const char *sql, char *errstr, size_t size
         ExecStatusType st = PQresultStatus(r);
         int rc = 0;
         if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-                rc = fail(errstr, size, "%s", PQerrorMessage(db->conn));
+                rc = errstr_set(errstr, size, "%s", PQerrorMessage(db->conn));
         PQclear(r);
         return rc;
 }
@@ -130,9 +113,9 @@ static void check_conn(struct db *db) {
 static int prepare(struct db *db, const char *name, const char *sql, int nparams, char *errstr,
                    size_t size) {
         PGresult *r = PQprepare(db->conn, name, sql, nparams, NULL);
-        int rc = PQresultStatus(r) == PGRES_COMMAND_OK
-                         ? 0
-                         : fail(errstr, size, "prepare %s: %s", name, PQerrorMessage(db->conn));
+        int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0
+                                                       : errstr_set(errstr, size, "prepare %s: %s",
+                                                                    name, PQerrorMessage(db->conn));
         PQclear(r);
         return rc;
 }
@@ -295,7 +278,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         rc = 0;
         goto out;
 oom:
-        rc = fail(errstr, size, "out of memory");
+        rc = errstr_set(errstr, size, "out of memory");
 out:
         buf_free(&sql);
         return rc;
@@ -317,9 +300,9 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         db_disconnect(db);
         db->conn = PQconnectdbParams(keys, vals, 1);
         if (!db->conn)
-                return fail(errstr, errstr_size, "out of memory");
+                return errstr_set(errstr, errstr_size, "out of memory");
         if (PQstatus(db->conn) != CONNECTION_OK) {
-                fail(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
+                errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
                 goto out;
         }
 
@@ -329,12 +312,13 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                          " WHERE c.oid = to_regclass($1)",
                          1, NULL, param, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-                fail(errstr, errstr_size, "resolve table: %s", PQerrorMessage(db->conn));
+                errstr_set(errstr, errstr_size, "resolve table: %s", PQerrorMessage(db->conn));
                 goto out;
         }
         if (PQntuples(r) != 1) {
-                fail(errstr, errstr_size,
-                     "table %s does not exist (apply schemas/postgres/*.sql first)", db->table);
+                errstr_set(errstr, errstr_size,
+                           "table %s does not exist (apply schemas/postgres/*.sql first)",
+                           db->table);
                 goto out;
         }
         nsp = PQescapeIdentifier(db->conn, PQgetvalue(r, 0, 0), strlen(PQgetvalue(r, 0, 0)));
@@ -344,7 +328,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         db->qtable = malloc(qlen);
         db->channel = malloc(clen);
         if (!nsp || !rel || !db->qtable || !db->channel) {
-                fail(errstr, errstr_size, "out of memory");
+                errstr_set(errstr, errstr_size, "out of memory");
                 goto out;
         }
         snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
@@ -356,7 +340,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 char *qchan = PQescapeIdentifier(db->conn, db->channel, strlen(db->channel));
                 char listen[300];
                 if (!qchan) {
-                        fail(errstr, errstr_size, "out of memory");
+                        errstr_set(errstr, errstr_size, "out of memory");
                         goto out;
                 }
                 snprintf(listen, sizeof listen, "LISTEN %s", qchan);
@@ -390,7 +374,7 @@ static PGresult *run_lock(struct db *db, const char *stmt, int limit, char *errs
         snprintf(lim, sizeof lim, "%d", limit);
         PGresult *r = PQexecPrepared(db->conn, stmt, 2, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
-                fail(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
+                errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);
                 return NULL;
@@ -444,10 +428,10 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
         struct batch_results *br = NULL;
         memset(out, 0, sizeof *out);
         if (!db_connected(db))
-                return fail(errstr, errstr_size, "not connected");
+                return errstr_set(errstr, errstr_size, "not connected");
         br = calloc(1, sizeof *br);
         if (!br)
-                return fail(errstr, errstr_size, "out of memory");
+                return errstr_set(errstr, errstr_size, "out of memory");
         br->r[0] = run_lock(db, ordering_aggregate ? "lock_runs" : "lock_unordered", limit, errstr,
                             errstr_size);
         if (!br->r[0])
@@ -473,7 +457,7 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
         }
         out->events = calloc(n, sizeof *out->events);
         if (!out->events) {
-                fail(errstr, errstr_size, "out of memory for %zu rows", n);
+                errstr_set(errstr, errstr_size, "out of memory for %zu rows", n);
                 goto fail; /* the rows stay PUBLISHING: the relay takes them back */
         }
         /* The two sets hold different aggregates (a run's aggregate has its
@@ -527,7 +511,7 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
                     long long *done, char *errstr, size_t size) {
         PGresult *r = PQexecPrepared(db->conn, stmt, nparams, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-                fail(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
+                errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);
                 return -1;
@@ -546,7 +530,7 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
 
         *lost = 0;
         if (!db_connected(db))
-                return fail(errstr, errstr_size, "not connected");
+                return errstr_set(errstr, errstr_size, "not connected");
         for (int status = DB_PUBLISHED; status <= DB_RELEASED; status++) {
                 size_t cnt = 0;
                 buf_reset(&ids);
@@ -602,7 +586,7 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
         rc = 0;
         goto out;
 oom:
-        rc = fail(errstr, errstr_size, "out of memory");
+        rc = errstr_set(errstr, errstr_size, "out of memory");
 out:
         buf_free(&ids);
         buf_free(&delays);
@@ -660,7 +644,7 @@ static int exec_count(struct db *db, const char *what, const char *sql_fmt, long
         int rc = -1;
         *n = 0;
         if (!db_connected(db))
-                return fail(errstr, size, "not connected");
+                return errstr_set(errstr, size, "not connected");
         snprintf(a, sizeof a, "%lld", p1);
         snprintf(b, sizeof b, "%lld", p2);
         /* the format is one of this file's literals, with exactly two %s */
@@ -669,12 +653,12 @@ static int exec_count(struct db *db, const char *what, const char *sql_fmt, long
         int built = buf_appendf(&sql, sql_fmt, db->qtable, db->qtable);
 #pragma GCC diagnostic pop
         if (built != 0) {
-                fail(errstr, size, "out of memory");
+                errstr_set(errstr, size, "out of memory");
                 goto out;
         }
         PGresult *r = PQexecParams(db->conn, sql.data, 2, NULL, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-                fail(errstr, size, "%s: %s", what, PQerrorMessage(db->conn));
+                errstr_set(errstr, size, "%s: %s", what, PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);
                 goto out;
@@ -718,7 +702,7 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
         struct buf sql = {0};
         int rc = -1;
         if (!db_connected(db))
-                return fail(errstr, errstr_size, "not connected");
+                return errstr_set(errstr, errstr_size, "not connected");
         /* Exact counts over unpublished rows (the partial index's predicate);
          * PUBLISHED, which may be millions of rows, from the statistics
          * collector's live-row count (approximate, never a table scan). */
@@ -733,10 +717,10 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
                         "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
                         " FROM %s WHERE status <> 'PUBLISHED'",
                         db->qtable, db->qtable))
-                return fail(errstr, errstr_size, "out of memory");
+                return errstr_set(errstr, errstr_size, "out of memory");
         PGresult *r = PQexec(db->conn, sql.data);
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
-                fail(errstr, errstr_size, "sample: %s", PQerrorMessage(db->conn));
+                errstr_set(errstr, errstr_size, "sample: %s", PQerrorMessage(db->conn));
                 check_conn(db);
         } else {
                 for (int i = 0; i < DB_STATUS_COUNT; i++)
@@ -769,11 +753,12 @@ int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr
         const char *params[2] = {db->relay_id, m};
         *n = 0;
         if (!db_connected(db))
-                return fail(errstr, errstr_size, "not connected");
+                return errstr_set(errstr, errstr_size, "not connected");
         snprintf(m, sizeof m, "%d", max_attempts);
         PGresult *r = PQexecPrepared(db->conn, "take_back_own", 2, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-                fail(errstr, errstr_size, "take back own locks: %s", PQerrorMessage(db->conn));
+                errstr_set(errstr, errstr_size, "take back own locks: %s",
+                           PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);
                 return -1;

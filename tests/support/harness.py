@@ -110,6 +110,15 @@ def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
         time.sleep(interval)
 
 
+def _read_log(path):
+    """A process's log file as text ("" while it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _tmpdir(prefix):
     return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("OUTBOX_TEST_TMP"))
 
@@ -430,11 +439,7 @@ class MockBroker:
                     self.control_addr = text.split("=", 1)[1]
 
     def log_text(self):
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return _read_log(self.log_path)
 
     def control(self, cmd, timeout=10.0):
         """Sends one control command; returns the text after 'OK ' or raises
@@ -600,11 +605,7 @@ class Relay:
         return self.proc.wait()
 
     def log_text(self):
-        try:
-            with open(self.log_path, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        except OSError:
-            return ""
+        return _read_log(self.log_path)
 
     def wait_log(self, pattern, timeout=10.0):
         """Waits until the log matches regex pattern; returns the match."""
