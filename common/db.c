@@ -145,7 +145,7 @@ static const struct {
          "UPDATE %s o SET status = $1,"
          " available_at = CASE WHEN $1 = 'FAILED'"
          "  THEN now() + u.delay_ms * interval '1 millisecond'"
-         "  ELSE o.available_at END,"
+         "  ELSE 'infinity' END,"
          " last_error_code = u.code, last_error_message = u.msg,"
          " attempt_count = o.attempt_count - u.uncount,"
          " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
@@ -161,11 +161,14 @@ static const struct {
         {"take_back_own", 2,
          "UPDATE %s SET status = CASE WHEN attempt_count >= $2"
          "  THEN 'DEAD' ELSE 'FAILED' END,"
-         " available_at = now(), last_error_code = 'STALE_LOCK',"
+         " available_at = CASE WHEN attempt_count >= $2"
+         "  THEN 'infinity'::timestamptz ELSE now() END,"
+         " last_error_code = 'STALE_LOCK',"
          " last_error_message = 'lock of ' || locked_by"
          "  || ' taken back by the same relay id after a reconnect or restart',"
          " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-         " WHERE status = 'PUBLISHING' AND locked_by = $1"},
+         " WHERE published_at IS NULL AND available_at <= now()"
+         " AND status = 'PUBLISHING' AND locked_by = $1"},
 };
 
 static int prepare_all(struct db *db, char *errstr, size_t size) {
@@ -205,13 +208,14 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "WITH win AS MATERIALIZED ("
                 " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
                 "  o.aggregate_version FROM %s o"
-                " WHERE o.status IN ('PENDING','FAILED') AND o.available_at <= now()%s"
+                " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"
+                "  AND o.available_at <= now()%s"
                 " ORDER BY o.available_at, o.aggregate_version"
                 " LIMIT $1 FOR UPDATE OF o SKIP LOCKED)";
         static const char *const head_guard =
                 " AND (SELECT p.aggregate_version FROM %s p"
                 "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
-                "  AND p.aggregate_id = o.aggregate_id AND p.status <> 'PUBLISHED'"
+                "  AND p.aggregate_id = o.aggregate_id AND p.published_at IS NULL"
                 "  AND p.aggregate_version < o.aggregate_version"
                 "  ORDER BY p.aggregate_version DESC LIMIT 1) IS NULL";
         static const char *const runs_fmt =
@@ -222,13 +226,13 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "  (SELECT p.aggregate_version FROM %s p"
                 "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
                 "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version < a.lo"
-                "   AND p.status <> 'PUBLISHED'"
+                "   AND p.published_at IS NULL"
                 "   ORDER BY p.aggregate_version DESC LIMIT 1) AS behind,"
                 "  (SELECT p.aggregate_version FROM %s p"
                 "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
                 "   AND p.aggregate_id = a.aggregate_id"
                 "   AND p.aggregate_version BETWEEN a.lo AND a.top"
-                "   AND p.status <> 'PUBLISHED'"
+                "   AND p.published_at IS NULL"
                 "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
                 "   ORDER BY p.aggregate_version LIMIT 1) AS missing"
                 "  FROM agg a),"
@@ -675,9 +679,12 @@ int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, c
                    size_t errstr_size) {
         return exec_count(db, "reset stale locks",
                           "WITH stale AS (SELECT outbox_id FROM %s"
-                          " WHERE status = 'PUBLISHING'"
+                          " WHERE published_at IS NULL"
+                          " AND available_at < now() - $1 * interval '1 second'"
+                          " AND status = 'PUBLISHING'"
                           " AND locked_at < now() - $1 * interval '1 second'"
-                          " ORDER BY locked_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                          " ORDER BY available_at, aggregate_version"
+                          " LIMIT $2 FOR UPDATE SKIP LOCKED)"
                           " UPDATE %s o SET status = 'FAILED', available_at = now(),"
                           " last_error_code = 'STALE_LOCK',"
                           " last_error_message = 'lock of ' || coalesce(o.locked_by, '?')"
@@ -691,7 +698,7 @@ int db_delete_published(struct db *db, long long retention_s, int limit, long lo
                         size_t errstr_size) {
         return exec_count(db, "delete published",
                           "DELETE FROM %s WHERE outbox_id IN (SELECT outbox_id FROM %s"
-                          " WHERE status = 'PUBLISHED'"
+                          " WHERE published_at IS NOT NULL"
                           " AND published_at < now() - $1 * interval '1 second'"
                           " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
                           retention_s, limit, n, errstr, errstr_size);
@@ -715,7 +722,7 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
                         " count(*) FILTER (WHERE status = 'DEAD'),"
                         " coalesce(extract(epoch FROM now() - min(created_at)"
                         "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
-                        " FROM %s WHERE status <> 'PUBLISHED'",
+                        " FROM %s WHERE published_at IS NULL",
                         db->qtable, db->qtable))
                 return errstr_set(errstr, errstr_size, "out of memory");
         PGresult *r = PQexec(db->conn, sql.data);

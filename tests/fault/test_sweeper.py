@@ -101,8 +101,9 @@ def test_retention_deletes_in_batches_and_nothing_else(db, tmp_path, report):
 def test_two_sweepers_at_once(db, tmp_path, report):
     seed(db, "old", 6000, "PUBLISHED", 7200)
     seed(db, "recent", 100, "PUBLISHED", 60)
+    # A relay locks a row only once it is due: available_at <= locked_at.
     stale = seed(db, "stale", 400, "PUBLISHING", 3600, locked_by="ghost-relay",
-                 locked_at="2000-01-01 00:00:00+00")
+                 locked_at="2000-01-01 00:00:00+00", available_at="2000-01-01 00:00:00+00")
     sweepers = [Relay("outbox-sweeper", name="sweeper-%s" % x, log_dir=tmp_path,
                       env=actor_env(db, "sweeper-%s" % x, OUTBOX_RELAY_ID="sweeper-%s" % x,
                                     OUTBOX_RETENTION_S=3600, OUTBOX_DELETE_BATCH=150,

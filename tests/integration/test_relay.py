@@ -4,6 +4,10 @@ import json
 import re
 import signal
 
+import psycopg2
+import psycopg2.errors
+import pytest
+
 from conftest import relay_env
 from harness import Relay, check_order, count_duplicates, header, make_events, read_topics, \
     wait_until
@@ -148,6 +152,8 @@ def test_too_large_goes_dead_and_blocks_only_its_aggregate(db, kafka, tmp_path):
     assert len(dead) == 1 and dead[0]["aggregate_version"] == 1
     assert dead[0]["last_error_code"] == "MSG_SIZE_TOO_LARGE"
     assert dead[0]["last_error_message"]
+    # parked out of every lock scan's range until an operator requeues it
+    assert db.count("status = 'DEAD' AND available_at = 'infinity'") == 1
     later = db.rows(where="aggregate_id = 'poison' AND aggregate_version > 1")
     assert [r["status"] for r in later] == ["PENDING", "PENDING"]
     assert all(r["attempt_count"] == 0 for r in later)
@@ -155,6 +161,43 @@ def test_too_large_goes_dead_and_blocks_only_its_aggregate(db, kafka, tmp_path):
     assert len(msgs) == 15
     assert not any(m["key"] == "poison" for m in msgs)
     assert big[:100] not in log  # no payloads in logs
+
+
+def test_lock_is_a_hot_update_and_the_table_keeps_its_invariants(db, kafka, tmp_path):
+    # No index mentions a column the lock statement changes, so locking a row
+    # into PUBLISHING writes no index entry (a HOT update) when its page has
+    # room; only the mark to PUBLISHED does. PostgreSQL counts both.
+    rows = make_events(aggregates=40, versions=5)
+    db.insert_events(rows)
+
+    def updates():
+        r = db.execute("SELECT n_tup_upd AS upd, n_tup_hot_upd AS hot FROM pg_stat_user_tables"
+                       " WHERE relid = %s::regclass", (db.table,))[0]
+        return r["upd"], r["hot"]
+
+    upd0, hot0 = updates()
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(published(db, len(rows)), 60, what="all rows PUBLISHED")
+        assert relay.stop() == 0
+    # a backend reports its counters at the latest when it exits
+    upd, hot = wait_until(lambda: (lambda u: u if u[0] - upd0 >= 2 * len(rows) else None)(
+        updates()), 20, what="the relay's updates in pg_stat_user_tables")
+    assert upd - upd0 == 2 * len(rows)  # one lock and one mark per row, nothing else
+    assert hot - hot0 >= len(rows) * 0.9, (upd - upd0, hot - hot0)
+
+    # published_at and status agree: the partial indexes rely on it
+    (one,) = db.rows(where="aggregate_version = 1 AND aggregate_id = %s",
+                     params=(rows[0]["aggregate_id"],))
+    with pytest.raises(psycopg2.errors.CheckViolation, match="outbox_event_published_at_check"):
+        db.execute("UPDATE %s SET published_at = NULL WHERE outbox_id = %%s" % db.table,
+                   (one["outbox_id"],))
+    # a DEAD row is parked at 'infinity': a requeue that forgets available_at
+    # fails loudly instead of leaving a PENDING row that is never due
+    db.execute("UPDATE %s SET status = 'DEAD', published_at = NULL,"
+               " available_at = 'infinity' WHERE outbox_id = %%s" % db.table, (one["outbox_id"],))
+    with pytest.raises(psycopg2.errors.CheckViolation, match="outbox_event_parked_check"):
+        db.execute("UPDATE %s SET status = 'PENDING' WHERE outbox_id = %%s" % db.table,
+                   (one["outbox_id"],))
 
 
 def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):
