@@ -33,7 +33,8 @@ static const char lock_columns[] =
         "o.outbox_id::text, o.tenant_id, o.aggregate_type, o.aggregate_id, "
         "o.aggregate_version, o.event_type, o.event_version, o.topic_name, "
         "o.partition_key, o.event_key, o.payload_json::text, "
-        "CASE WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("
+        "CASE WHEN o.headers_json = '{}' THEN ''"
+        " WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("
         "  SELECT string_agg(octet_length(h.key)::text || ':' || h.key || "
         "         octet_length(h.v)::text || ':' || h.v, '' ORDER BY h.key) "
         "  FROM (SELECT key, CASE WHEN jsonb_typeof(value) = 'string' "
@@ -187,7 +188,9 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          * unpublished version of its aggregate below it is in the window too:
          * per aggregate, nothing unpublished below the window's lowest
          * version (`behind`), and the lowest unpublished version between its
-         * lowest and highest that the window lacks (`missing`) bounds what
+         * lowest and highest that the window lacks (`missing`, probed only
+         * when the window holds more than one version: rows of the same
+         * version never hold each other back) bounds what
          * may go. A run of consecutive versions of a busy
          * aggregate thus goes in one batch, and nothing goes while an earlier
          * version is in flight, backing off, DEAD or held by another relay.
@@ -228,13 +231,13 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version < a.lo"
                 "   AND p.published_at IS NULL"
                 "   ORDER BY p.aggregate_version DESC LIMIT 1) AS behind,"
-                "  (SELECT p.aggregate_version FROM %s p"
+                "  CASE WHEN a.lo < a.top THEN (SELECT p.aggregate_version FROM %s p"
                 "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
                 "   AND p.aggregate_id = a.aggregate_id"
                 "   AND p.aggregate_version BETWEEN a.lo AND a.top"
                 "   AND p.published_at IS NULL"
                 "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
-                "   ORDER BY p.aggregate_version LIMIT 1) AS missing"
+                "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"
                 "  FROM agg a),"
                 " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
                 "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
