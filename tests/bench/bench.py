@@ -220,7 +220,8 @@ class Relays:
             env = {**s.env(), "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
                    "OUTBOX_HTTP_ADDR": "127.0.0.1:%d" % port, "OUTBOX_LOG_LEVEL": "warn",
                    "OUTBOX_LOG_FORMAT": "text", "OUTBOX_RELAY_ID": "%s-%d" % (name, i),
-                   "OUTBOX_BATCH_SIZE": str(bench.batch), **(extra_env or {})}
+                   "OUTBOX_BATCH_SIZE": str(bench.batch), **bench.relay_env,
+                   **(extra_env or {})}
             self.procs.append(harness.Relay(bench.relay_bin, env=env, log_dir=bench.out_dir,
                                             name="%s-%d" % (name, i)))
             self.ports.append(port)
@@ -281,9 +282,10 @@ class Bench:
         self.out_dir = os.path.abspath(args.out)
         os.makedirs(self.out_dir, exist_ok=True)
         self.batch = args.batch
+        self.relay_env = dict(kv.split("=", 1) for kv in args.relay_env)
         self.n = args.events
         self.results = {"machine": machine(), "batch": self.batch, "events": self.n,
-                        "relay": self.relay_bin, "runs": []}
+                        "relay": self.relay_bin, "relay_env": self.relay_env, "runs": []}
         os.environ["PG_FSYNC"] = "off"
         self.pg = harness.Postgres()  # its own server in a temporary directory
         self.db = Db(self.pg)
@@ -568,6 +570,9 @@ def main():
                     help="time box of the hot-aggregate run")
     ap.add_argument("--only", default="1,2,3,4,5,6", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
+    ap.add_argument("--relay-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra environment for every relay (repeatable), e.g. "
+                         "OUTBOX_KAFKA_COMPRESSION_TYPE=lz4")
     args = ap.parse_args()
     args.out = args.out or os.path.join(args.build, "bench-results",
                                         time.strftime("%Y%m%d-%H%M%S"))
