@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <time.h>
 
+#include "clock.h"
 #include "config.h"
 #include "encode.h"
 #include "errstr.h"
@@ -424,12 +424,6 @@ struct batch_results {
         PGresult *r[2];
 };
 
-static double mono_now(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
                   char *errstr, size_t errstr_size) {
         struct batch_results *br = NULL;
@@ -448,12 +442,12 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
          * blocked versions, with heads of other aggregates behind them. Top
          * it up with the classic guard; after a top-up that found nothing,
          * not again for a second (its scan steps over every blocked row). */
-        if (ordering_aggregate && n0 < limit && mono_now() >= db->topup_after) {
+        if (ordering_aggregate && n0 < limit && clock_mono_s() >= db->topup_after) {
                 br->r[1] = run_lock(db, "lock_heads", limit - n0, errstr, errstr_size);
                 if (!br->r[1])
                         goto fail; /* r[0]'s rows stay PUBLISHING: the relay takes them back */
                 if (PQntuples(br->r[1]) == 0)
-                        db->topup_after = mono_now() + 1.0;
+                        db->topup_after = clock_mono_s() + 1.0;
         }
         size_t n = (size_t)n0 + (size_t)(br->r[1] ? PQntuples(br->r[1]) : 0);
         if (n == 0) {

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "encode.h"
 #include "log.h"
 #include "metrics.h"
@@ -39,10 +40,7 @@ struct http {
 };
 
 static long long now_ms(void) {
-        struct timespec ts;
-        if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-                return 0;
-        return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+        return (long long)(clock_mono_s() * 1000.0);
 }
 
 /* Splits "host:port", "[v6]:port" or ":port" into host (NULL: any address)

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "log.h"
 
 struct kafka {
@@ -31,12 +31,6 @@ static const char *const defaults[][2] = {
         {"socket.nagle.disable", "true"},
         {"client.id", "outbox-relay"},
 };
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int is_permanent(rd_kafka_resp_err_t err) {
         switch (err) {
@@ -206,7 +200,7 @@ struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *c
 int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t key_len,
                   const void *value, size_t value_len, const struct encode_header *hdrs,
                   int hdr_cnt, void *opaque, struct kafka_result *res) {
-        double deadline = now_s() + k->delivery_timeout_ms / 1000.0;
+        double deadline = clock_mono_s() + k->delivery_timeout_ms / 1000.0;
         for (;;) {
                 rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
                 for (int i = 0; i < hdr_cnt; i++)
@@ -222,7 +216,7 @@ int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t ke
                         return 0;
                 }
                 rd_kafka_headers_destroy(h);
-                if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && now_s() < deadline) {
+                if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && clock_mono_s() < deadline) {
                         rd_kafka_poll(k->rk, 100);
                         continue;
                 }
@@ -236,9 +230,9 @@ void kafka_poll(struct kafka *k, int timeout_ms) {
 }
 
 void kafka_wait(struct kafka *k, int timeout_ms) {
-        double deadline = now_s() + timeout_ms / 1000.0;
+        double deadline = clock_mono_s() + timeout_ms / 1000.0;
         while (k->outstanding > 0) {
-                double left = deadline - now_s();
+                double left = deadline - clock_mono_s();
                 if (left <= 0)
                         break;
                 /* flush sends at once, ignoring linger.ms, and serves callbacks */
@@ -262,7 +256,7 @@ int kafka_fatal(struct kafka *k, char *errstr, size_t errstr_size) {
 }
 
 int kafka_broker_up(struct kafka *k) {
-        double t = now_s();
+        double t = clock_mono_s();
         if (!k->broker_up && t - k->last_probe >= 1.0) {
                 const struct rd_kafka_metadata *md = NULL;
                 k->last_probe = t;

@@ -82,6 +82,12 @@ void lifecycle_nap(struct http *http, long long ms, volatile sig_atomic_t *stop)
         }
 }
 
+void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t *stop) {
+        lifecycle_nap(http, *backoff_ms, stop);
+        *backoff_ms = *backoff_ms > LIFECYCLE_RECONNECT_MAX_MS / 2 ? LIFECYCLE_RECONNECT_MAX_MS
+                                                                   : *backoff_ms * 2;
+}
+
 int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                         volatile sig_atomic_t *stop) {
         char err[512];
@@ -96,8 +102,6 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                  log_quote(err));
         if (http)
                 http_set_ready(http, 0);
-        lifecycle_nap(http, *backoff_ms, stop);
-        *backoff_ms = *backoff_ms * 2 > LIFECYCLE_RECONNECT_MAX_MS ? LIFECYCLE_RECONNECT_MAX_MS
-                                                                   : *backoff_ms * 2;
+        lifecycle_backoff(http, backoff_ms, stop);
         return -1;
 }

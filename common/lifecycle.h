@@ -39,6 +39,10 @@ void lifecycle_nap(struct http *http, long long ms, volatile sig_atomic_t *stop)
 #define LIFECYCLE_RECONNECT_MIN_MS 100
 #define LIFECYCLE_RECONNECT_MAX_MS 5000
 
+/* Naps *backoff_ms (see lifecycle_nap), then doubles it up to
+ * LIFECYCLE_RECONNECT_MAX_MS. */
+void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t *stop);
+
 /* 0 when db is connected (connecting now if it is not; *backoff_ms then goes
  * back to the minimum). Otherwise logs why, reports not-ready, naps
  * *backoff_ms, doubles it up to LIFECYCLE_RECONNECT_MAX_MS and returns -1.

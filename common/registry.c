@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "config.h"
 #include "encode.h"
 
@@ -31,12 +31,6 @@ struct registry {
         char down_reason[200];
         unsigned long requests;
 };
-
-static double mono_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static uint64_t fnv1a(const char *s) {
         uint64_t h = 0xcbf29ce484222325ULL;
@@ -218,7 +212,7 @@ int registry_schema_id(struct registry *reg, const char *subject, const char *sc
                 free(stale);
                 break;
         }
-        if (reg->down_until > mono_s()) {
+        if (reg->down_until > clock_mono_s()) {
                 *code = "REGISTRY_UNAVAILABLE";
                 snprintf(errstr, errstr_size, "%s (not retried for %d ms)", reg->down_reason,
                          REGISTRY_RETRY_MS);
@@ -226,7 +220,7 @@ int registry_schema_id(struct registry *reg, const char *subject, const char *sc
         }
         if (lookup(reg, subject, schema_json, id, code, errstr, errstr_size) != 0) {
                 if (!strcmp(*code, "REGISTRY_UNAVAILABLE")) {
-                        reg->down_until = mono_s() + REGISTRY_RETRY_MS / 1000.0;
+                        reg->down_until = clock_mono_s() + REGISTRY_RETRY_MS / 1000.0;
                         snprintf(reg->down_reason, sizeof reg->down_reason, "%s", errstr);
                 }
                 return -1;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "avroenc.h"
+#include "clock.h"
 #include "db.h"
 #include "encode.h"
 #include "kafka.h"
@@ -56,18 +57,6 @@ struct relay {
         long seen_connects; /* db_connects() when own locks were last checked */
         int unmarked;       /* a batch could not be marked before stopping */
 };
-
-static double mono_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double wall_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
         long long d = initial_ms;
@@ -363,15 +352,12 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
                         /* connected but failing: wait like a reconnect would */
                         log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
                                  r->reconnect_ms, log_quote(err));
-                        lifecycle_nap(r->http, r->reconnect_ms, stop);
-                        r->reconnect_ms = r->reconnect_ms * 2 > LIFECYCLE_RECONNECT_MAX_MS
-                                                  ? LIFECYCLE_RECONNECT_MAX_MS
-                                                  : r->reconnect_ms * 2;
+                        lifecycle_backoff(r->http, &r->reconnect_ms, stop);
                 }
                 if (*stop) {
                         if (stop_deadline == 0)
-                                stop_deadline = mono_s() + STOP_MARK_GRACE_S;
-                        else if (mono_s() > stop_deadline) {
+                                stop_deadline = clock_mono_s() + STOP_MARK_GRACE_S;
+                        else if (clock_mono_s() > stop_deadline) {
                                 log_error("relay", "cannot mark the batch before stopping",
                                           "rows=%zu", n);
                                 return -1;
@@ -385,7 +371,7 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
 static void sample_table(struct relay *r) {
         double counts[DB_STATUS_COUNT], age;
         char err[512];
-        double t = mono_s();
+        double t = clock_mono_s();
         if (t - r->last_sample < SAMPLE_INTERVAL_S)
                 return;
         r->last_sample = t;
@@ -424,7 +410,7 @@ static int assign_waves(struct relay *r) {
 /* One batch: lock, produce wave by wave, wait, mark. Returns rows locked, or -1. */
 static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         char err[512];
-        double started = mono_s();
+        double started = clock_mono_s();
         if (db_lock_batch(r->db, r->cfg->batch_size, r->cfg->ordering == ORDERING_AGGREGATE,
                           &r->batch, err, sizeof err) != 0) {
                 log_warn("db", "lock batch failed", "err=%s", log_quote(err));
@@ -450,15 +436,15 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
                 if (rc == 0)
                         rc = await_reports(r, w);
         }
-        build_outcomes(r, wall_s());
+        build_outcomes(r, clock_wall_s());
         if (mark_batch(r, n, stop) != 0) {
                 r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
                 rc = -1;
         }
         db_batch_clear(&r->batch);
         metrics_add(M_BATCHES, NULL, 1);
-        metrics_observe(M_BATCH_DURATION, mono_s() - started);
-        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, mono_s() - started);
+        metrics_observe(M_BATCH_DURATION, clock_mono_s() - started);
+        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, clock_mono_s() - started);
         return rc == 0 ? (long)n : -1;
 }
 
@@ -486,7 +472,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
         while (!*stop) {
                 if (r->http)
                         http_heartbeat(r->http);
-                metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, wall_s());
+                metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
                 if (ensure_db(r, stop) != 0)
                         continue;
                 if (db_connects(r->db) != r->seen_connects && take_back_own(r) != 0)

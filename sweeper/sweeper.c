@@ -3,8 +3,8 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "clock.h"
 #include "db.h"
 #include "lifecycle.h"
 #include "log.h"
@@ -16,12 +16,6 @@ struct sweeper {
         struct db *db;
         int reconnect_ms;
 };
-
-static double mono_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void beat(struct sweeper *s) {
         if (s->http)
@@ -106,7 +100,7 @@ static int ensure_db(struct sweeper *s, volatile sig_atomic_t *stop) {
 static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         struct sweep_result res;
         char err[512];
-        double started = mono_s();
+        double started = clock_mono_s();
         int rc = sweeper_sweep(s, stop, &res, err, sizeof err);
         if (rc != 0) {
                 log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
@@ -118,11 +112,11 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         if (res.stale_reset || res.deleted)
                 log_info("sweeper", "sweep done",
                          "stale_reset=%lld deleted=%lld statements=%d seconds=%.3f",
-                         res.stale_reset, res.deleted, res.statements, mono_s() - started);
+                         res.stale_reset, res.deleted, res.statements, clock_mono_s() - started);
         else
                 log_debug("sweeper", "sweep done",
                           "stale_reset=0 deleted=0 statements=%d seconds=%.3f", res.statements,
-                          mono_s() - started);
+                          clock_mono_s() - started);
         return 0;
 }
 
@@ -134,12 +128,12 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                  cfg->once ? "once" : "loop", cfg->table, cfg->lock_timeout_s, cfg->retention_s,
                  cfg->delete_batch, cfg->sweep_interval_s);
         if (cfg->once) {
-                double deadline = mono_s() + SWEEPER_ONCE_RETRY_S;
+                double deadline = clock_mono_s() + SWEEPER_ONCE_RETRY_S;
                 while (!*stop) {
                         beat(s);
                         if (ensure_db(s, stop) == 0 && sweep_once(s, stop) == 0)
                                 return 0;
-                        if (mono_s() > deadline) {
+                        if (clock_mono_s() > deadline) {
                                 log_error("sweeper", "giving up: sweep not completed", "retry_s=%d",
                                           SWEEPER_ONCE_RETRY_S);
                                 return 1;
