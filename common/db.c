@@ -42,7 +42,7 @@ static const char lock_columns[] =
         "        FROM jsonb_each(o.headers_json)) h), '') END, "
         "o.correlation_id, o.causation_id, o.trace_id, "
         "to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
-        "extract(epoch FROM o.occurred_at)::float8, o.attempt_count";
+        "extract(epoch FROM o.occurred_at)::float8, o.attempt_count, o.ctid::text";
 
 enum {
         C_ID,
@@ -63,6 +63,7 @@ enum {
         C_OCCURRED,
         C_OCCURRED_EPOCH,
         C_ATTEMPTS,
+        C_TID,
         C_NCOLS
 };
 
@@ -137,7 +138,14 @@ static const struct {
          " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
          " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
          " AND locked_by = $2"},
-        {"mark_published", 2,
+        /* Found by the ctid the lock returned (a TID scan, no index
+         * descent); mark_published_id catches a row an update moved since. */
+        {"mark_published", 3,
+         "UPDATE %s SET status = 'PUBLISHED', published_at = now(),"
+         " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+         " WHERE ctid = ANY($3::tid[]) AND outbox_id = ANY($1::uuid[])"
+         " AND status = 'PUBLISHING' AND locked_by = $2"},
+        {"mark_published_id", 2,
          "UPDATE %s SET status = 'PUBLISHED', published_at = now(),"
          " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
          " WHERE outbox_id = ANY($1::uuid[]) AND status = 'PUBLISHING'"
@@ -209,7 +217,8 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          * published versions left behind until VACUUM removes them. */
         static const char *const win_fmt =
                 "WITH win AS MATERIALIZED ("
-                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
+                " SELECT o.ctid AS tid, o.outbox_id, o.tenant_id, o.aggregate_type,"
+                "  o.aggregate_id,"
                 "  o.aggregate_version FROM %s o"
                 " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"
                 "  AND o.available_at <= now()%s"
@@ -239,7 +248,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
                 "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"
                 "  FROM agg a),"
-                " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
+                " ready AS (SELECT w.tid, w.outbox_id FROM win w JOIN gap g"
                 "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
                 "  AND g.aggregate_id = w.aggregate_id"
                 "  WHERE g.behind IS NULL"
@@ -249,7 +258,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
                 "  locked_at = now(), last_attempt_at = now(),"
                 "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                " FROM %s r WHERE o.outbox_id = r.outbox_id"
+                " FROM %s r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"
                 " RETURNING %s)"
                 " SELECT * FROM locked ORDER BY 2, 3, 4, 5";
         static const char *const names[] = {"lock_unordered", "lock_runs", "lock_heads"};
@@ -414,6 +423,7 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
                 e->occurred_at = V(C_OCCURRED);
                 e->occurred_at_epoch = strtod(S(C_OCCURRED_EPOCH), NULL);
                 e->attempt_count = atoi(S(C_ATTEMPTS));
+                e->tid = V(C_TID);
         }
 #undef V
 #undef S
@@ -524,7 +534,7 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
 
 int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
             size_t errstr_size) {
-        struct buf ids = {0}, delays = {0}, codes = {0}, msgs = {0}, uncounts = {0};
+        struct buf ids = {0}, tids = {0}, delays = {0}, codes = {0}, msgs = {0}, uncounts = {0};
         long long done = 0;
         size_t expected = 0;
         int rc = -1;
@@ -535,21 +545,22 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
         for (int status = DB_PUBLISHED; status <= DB_RELEASED; status++) {
                 size_t cnt = 0;
                 buf_reset(&ids);
+                buf_reset(&tids);
                 buf_reset(&delays);
                 buf_reset(&codes);
                 buf_reset(&msgs);
                 buf_reset(&uncounts);
-                if (buf_append(&ids, "{", 1) || buf_append(&delays, "{", 1) ||
-                    buf_append(&codes, "{", 1) || buf_append(&msgs, "{", 1) ||
-                    buf_append(&uncounts, "{", 1))
+                if (buf_append(&ids, "{", 1) || buf_append(&tids, "{", 1) ||
+                    buf_append(&delays, "{", 1) || buf_append(&codes, "{", 1) ||
+                    buf_append(&msgs, "{", 1) || buf_append(&uncounts, "{", 1))
                         goto oom;
                 for (size_t i = 0; i < n; i++) {
                         if ((int)outs[i].status != status || outs[i].marked)
                                 continue;
                         char d[24];
                         snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
-                        if (array_elem(&ids, outs[i].outbox_id) || array_elem(&delays, d) ||
-                            array_elem(&codes, outs[i].code) ||
+                        if (array_elem(&ids, outs[i].outbox_id) || array_elem(&tids, outs[i].tid) ||
+                            array_elem(&delays, d) || array_elem(&codes, outs[i].code) ||
                             array_elem(&msgs, outs[i].message) ||
                             array_elem(&uncounts, outs[i].uncounted ? "1" : "0"))
                                 goto oom;
@@ -557,16 +568,22 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                 }
                 if (!cnt)
                         continue;
-                if (buf_append(&ids, "}", 1) || buf_append(&delays, "}", 1) ||
-                    buf_append(&codes, "}", 1) || buf_append(&msgs, "}", 1) ||
-                    buf_append(&uncounts, "}", 1))
+                if (buf_append(&ids, "}", 1) || buf_append(&tids, "}", 1) ||
+                    buf_append(&delays, "}", 1) || buf_append(&codes, "}", 1) ||
+                    buf_append(&msgs, "}", 1) || buf_append(&uncounts, "}", 1))
                         goto oom;
                 expected += cnt;
-                if (status == DB_PUBLISHED || status == DB_RELEASED) {
+                if (status == DB_PUBLISHED) {
+                        const char *p[3] = {ids.data, db->relay_id, tids.data};
+                        long long by_tid = 0;
+                        if (run_mark(db, "mark_published", 3, p, &by_tid, errstr, errstr_size) ||
+                            (by_tid < (long long)cnt &&
+                             run_mark(db, "mark_published_id", 2, p, &done, errstr, errstr_size)))
+                                goto out;
+                        done += by_tid;
+                } else if (status == DB_RELEASED) {
                         const char *p[2] = {ids.data, db->relay_id};
-                        if (run_mark(db,
-                                     status == DB_PUBLISHED ? "mark_published" : "mark_released", 2,
-                                     p, &done, errstr, errstr_size))
+                        if (run_mark(db, "mark_released", 2, p, &done, errstr, errstr_size))
                                 goto out;
                 } else {
                         const char *p[7] = {status == DB_FAILED ? "FAILED" : "DEAD",
@@ -590,6 +607,7 @@ oom:
         rc = errstr_set(errstr, errstr_size, "out of memory");
 out:
         buf_free(&ids);
+        buf_free(&tids);
         buf_free(&delays);
         buf_free(&codes);
         buf_free(&msgs);

@@ -24,6 +24,8 @@ enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD, DB_RELEASED };
 /* One row's outcome for db_mark(). Strings are borrowed. */
 struct db_outcome {
         const char *outbox_id;
+        const char *tid; /* DB_PUBLISHED: the event's tid (finds the row without an
+                          * index; NULL or stale falls back to outbox_id) */
         enum db_status status;
         long long delay_ms;  /* DB_FAILED: available_at = now() + delay */
         const char *code;    /* DB_FAILED, DB_DEAD: last_error_code */

@@ -30,6 +30,7 @@ struct outbox_event {
         const char *occurred_at;  /* RFC 3339, UTC */
         double occurred_at_epoch; /* seconds since the epoch */
         int attempt_count;        /* after this lock */
+        const char *tid;          /* the row's ctid after the lock, for the mark */
 };
 
 #endif

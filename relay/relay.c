@@ -275,6 +275,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                 struct row_state *st = &r->rows[i];
                 struct db_outcome *o = &r->outs[i];
                 o->outbox_id = ev->outbox_id;
+                o->tid = ev->tid;
                 o->code = st->code;
                 o->message = st->message;
                 o->delay_ms = 0;

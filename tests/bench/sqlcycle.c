@@ -55,6 +55,7 @@ static long cycle(struct db *db, struct db_outcome *outs, double *lock_s, double
                 for (size_t i = 0; i < n; i++) {
                         memset(&outs[i], 0, sizeof outs[i]);
                         outs[i].outbox_id = b.events[i].outbox_id;
+                        outs[i].tid = b.events[i].tid;
                         outs[i].status = DB_PUBLISHED;
                 }
                 size_t lost = 0;
