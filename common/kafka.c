@@ -163,6 +163,21 @@ int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)
         return 0;
 }
 
+int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t out_size,
+                   char *errstr, size_t errstr_size) {
+        rd_kafka_conf_t *conf = build_conf(cfg, errstr, errstr_size);
+        if (!conf)
+                return -1;
+        size_t size = out_size;
+        int rc = 0;
+        if (rd_kafka_conf_get(conf, name, out, &size) != RD_KAFKA_CONF_OK) {
+                snprintf(errstr, errstr_size, "%s: unknown property or value too long", name);
+                rc = -1;
+        }
+        rd_kafka_conf_destroy(conf);
+        return rc;
+}
+
 struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
                         size_t errstr_size) {
         struct kafka *k = calloc(1, sizeof *k);

@@ -27,6 +27,12 @@ typedef void(kafka_delivery_cb)(void *opaque, const struct kafka_result *res, vo
 int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
+/* The effective value of librdkafka property `name` (defaults, the relay's
+ * own defaults and cfg's properties applied) into out. 0, or -1 with errstr
+ * set (bad configuration, unknown property, out too small). */
+int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t out_size,
+                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
 /* Creates the producer. NULL on failure (errstr says why). */
 struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
                         size_t errstr_size);
