@@ -508,11 +508,17 @@ static int array_elem(struct buf *a, const char *s) {
                 return buf_append(a, "NULL", 4);
         if (buf_append(a, "\"", 1))
                 return -1;
-        for (; *s; s++) {
-                if ((*s == '"' || *s == '\\') && buf_append(a, "\\", 1))
+        /* copy runs between characters that need a backslash */
+        for (;;) {
+                size_t run = strcspn(s, "\"\\");
+                if (buf_append(a, s, run))
                         return -1;
-                if (buf_append(a, s, 1))
+                s += run;
+                if (!*s)
+                        break;
+                if (buf_append(a, "\\", 1) || buf_append(a, s, 1))
                         return -1;
+                s++;
         }
         return buf_append(a, "\"", 1);
 }
@@ -557,14 +563,18 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                 for (size_t i = 0; i < n; i++) {
                         if ((int)outs[i].status != status || outs[i].marked)
                                 continue;
+                        cnt++;
+                        if (array_elem(&ids, outs[i].outbox_id) ||
+                            (status == DB_PUBLISHED && array_elem(&tids, outs[i].tid)))
+                                goto oom;
+                        if (status != DB_FAILED && status != DB_DEAD)
+                                continue; /* the other arrays are for mark_unpublished */
                         char d[24];
                         snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
-                        if (array_elem(&ids, outs[i].outbox_id) || array_elem(&tids, outs[i].tid) ||
-                            array_elem(&delays, d) || array_elem(&codes, outs[i].code) ||
+                        if (array_elem(&delays, d) || array_elem(&codes, outs[i].code) ||
                             array_elem(&msgs, outs[i].message) ||
                             array_elem(&uncounts, outs[i].uncounted ? "1" : "0"))
                                 goto oom;
-                        cnt++;
                 }
                 if (!cnt)
                         continue;
