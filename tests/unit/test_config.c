@@ -6,19 +6,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_fixture.h"
 
-static struct config cfg;
-static char err[512];
-
-static void init(void) {
-        /* criterion runs each test in its own process: the environment is ours */
-        clearenv();
-        setenv("OUTBOX_DATABASE_URL", "postgresql://u:secret@h/db", 1);
-        setenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092", 1);
-}
-static void fini(void) {
-        config_destroy(&cfg);
-}
 TestSuite(config, .init = init, .fini = fini);
 
 static int load(int argc, char **argv) {

@@ -6,19 +6,9 @@
 #include <string.h>
 
 #include "config.h"
+#include "config_fixture.h"
 #include "kafka.h"
 
-static struct config cfg;
-static char err[512];
-
-static void init(void) {
-        clearenv();
-        setenv("OUTBOX_DATABASE_URL", "postgresql://u:secret@h/db", 1);
-        setenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092", 1);
-}
-static void fini(void) {
-        config_destroy(&cfg);
-}
 TestSuite(kafka, .init = init, .fini = fini);
 
 static const char *get(const char *name) {
