@@ -217,8 +217,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          * published versions left behind until VACUUM removes them. */
         static const char *const win_fmt =
                 "WITH win AS MATERIALIZED ("
-                " SELECT o.ctid AS tid, o.outbox_id, o.tenant_id, o.aggregate_type,"
-                "  o.aggregate_id,"
+                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
                 "  o.aggregate_version FROM %s o"
                 " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"
                 "  AND o.available_at <= now()%s"
@@ -248,7 +247,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
                 "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"
                 "  FROM agg a),"
-                " ready AS (SELECT w.tid, w.outbox_id FROM win w JOIN gap g"
+                " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
                 "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
                 "  AND g.aggregate_id = w.aggregate_id"
                 "  WHERE g.behind IS NULL"
@@ -258,7 +257,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
                 "  locked_at = now(), last_attempt_at = now(),"
                 "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                " FROM %s r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"
+                " FROM %s r WHERE o.outbox_id = r.outbox_id"
                 " RETURNING %s)"
                 " SELECT * FROM locked ORDER BY 2, 3, 4, 5";
         static const char *const names[] = {"lock_unordered", "lock_runs", "lock_heads"};
@@ -523,6 +522,16 @@ static int array_elem(struct buf *a, const char *s) {
         return buf_append(a, "\"", 1);
 }
 
+/* Rolls back an open transaction after a failed statement (best effort: a
+ * lost connection has no transaction left). */
+static void abort_tx(struct db *db) {
+        if (db->conn && PQtransactionStatus(db->conn) != PQTRANS_IDLE) {
+                PGresult *r = PQexec(db->conn, "ROLLBACK");
+                PQclear(r);
+                check_conn(db);
+        }
+}
+
 /* Runs a mark statement; adds affected rows to *done. */
 static int run_mark(struct db *db, const char *stmt, int nparams, const char *const *params,
                     long long *done, char *errstr, size_t size) {
@@ -584,13 +593,21 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                         goto oom;
                 expected += cnt;
                 if (status == DB_PUBLISHED) {
+                        /* By ctid, then by outbox_id for rows an update moved
+                         * since the lock: one transaction, so a failure in
+                         * between leaves nothing half marked (which a retry
+                         * would count as lost locks). */
                         const char *p[3] = {ids.data, db->relay_id, tids.data};
-                        long long by_tid = 0;
-                        if (run_mark(db, "mark_published", 3, p, &by_tid, errstr, errstr_size) ||
-                            (by_tid < (long long)cnt &&
-                             run_mark(db, "mark_published_id", 2, p, &done, errstr, errstr_size)))
+                        long long by_tid = 0, by_id = 0;
+                        if (exec_simple(db, "BEGIN", errstr, errstr_size) ||
+                            run_mark(db, "mark_published", 3, p, &by_tid, errstr, errstr_size) ||
+                            (by_tid < (long long)cnt && run_mark(db, "mark_published_id", 2, p,
+                                                                 &by_id, errstr, errstr_size)) ||
+                            exec_simple(db, "COMMIT", errstr, errstr_size)) {
+                                abort_tx(db);
                                 goto out;
-                        done += by_tid;
+                        }
+                        done += by_tid + by_id;
                 } else if (status == DB_RELEASED) {
                         const char *p[2] = {ids.data, db->relay_id};
                         if (run_mark(db, "mark_released", 2, p, &done, errstr, errstr_size))

@@ -41,9 +41,11 @@ CREATE TABLE IF NOT EXISTS outbox_event (
     CONSTRAINT outbox_event_published_at_check
         CHECK ((status = 'PUBLISHED') = (published_at IS NOT NULL)),
     -- A DEAD row is parked at available_at 'infinity', out of every lock
-    -- scan's range; whoever requeues it must give it a real due time.
+    -- scan's range; whoever requeues it must give it a real due time (a row
+    -- waiting for, or in, a relay never has that one).
     CONSTRAINT outbox_event_parked_check
-        CHECK (status NOT IN ('PENDING', 'FAILED') OR available_at <> 'infinity')
+        CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
+               OR available_at <> 'infinity')
 ) WITH (fillfactor = 50);
 
 -- No index mentions status, locked_by, locked_at, last_attempt_at,

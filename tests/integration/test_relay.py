@@ -1,6 +1,7 @@
 """Integration tests of outbox-relay against a real PostgreSQL server and the
 local Kafka-protocol broker; every check reads the topic back."""
 import json
+import os
 import re
 import signal
 
@@ -8,6 +9,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
+import harness
 from conftest import relay_env
 from harness import Relay, check_order, count_duplicates, header, make_events, read_topics, \
     wait_until
@@ -198,6 +200,60 @@ def test_lock_is_a_hot_update_and_the_table_keeps_its_invariants(db, kafka, tmp_
     with pytest.raises(psycopg2.errors.CheckViolation, match="outbox_event_parked_check"):
         db.execute("UPDATE %s SET status = 'PENDING' WHERE outbox_id = %%s" % db.table,
                    (one["outbox_id"],))
+
+
+def test_upgrade_migration_from_status_indexes(db):
+    # A table as the earlier 001 left it: partial indexes selecting by status,
+    # an index on locked_at, no CHECKs, fillfactor 100, an unparked DEAD row
+    # and a PUBLISHED row without published_at. 002 must bring it to the
+    # current 001, keep every row, and be a no-op the second time.
+    t = db.table
+    db.execute("ALTER TABLE %s DROP CONSTRAINT outbox_event_published_at_check,"
+               " DROP CONSTRAINT outbox_event_parked_check, RESET (fillfactor)" % t)
+    db.execute("DROP INDEX %s.outbox_event_due_idx, %s.outbox_event_unpublished_idx,"
+               " %s.outbox_event_published_idx" % (db.schema, db.schema, db.schema))
+    db.execute("CREATE INDEX outbox_event_due_idx ON %s (available_at, aggregate_version)"
+               " WHERE status IN ('PENDING', 'FAILED')" % t)
+    db.execute("CREATE INDEX outbox_event_unpublished_idx ON %s (tenant_id, aggregate_type,"
+               " aggregate_id, aggregate_version) WHERE status <> 'PUBLISHED'" % t)
+    db.execute("CREATE INDEX outbox_event_publishing_idx ON %s (locked_at)"
+               " WHERE status = 'PUBLISHING'" % t)
+    db.execute("CREATE INDEX outbox_event_published_idx ON %s (published_at)"
+               " WHERE status = 'PUBLISHED'" % t)
+    ids = db.insert_events([
+        {"aggregate_type": "A", "aggregate_id": "a", "aggregate_version": v, "event_type": "E",
+         "payload_json": {}, "status": st} for v, st in ((1, "PUBLISHED"), (2, "DEAD"),
+                                                        (3, "PENDING"))])
+    migration = os.path.join(harness.repo_root(), "schemas", "postgres",
+                             "002_hot_lock_upgrade.sql")
+
+    def apply():
+        with open(migration, encoding="utf-8") as f:
+            db.execute(f.read())
+        return db.execute("SELECT c.relname AS name, pg_get_expr(i.indpred, i.indrelid) AS pred,"
+                          " i.indexrelid::int AS oid FROM pg_index i JOIN pg_class c"
+                          " ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass"
+                          " ORDER BY 1", (t,))
+
+    first = apply()
+    assert {r["name"]: r["pred"] for r in first} == {
+        "outbox_event_aggregate_version_key": None, "outbox_event_pkey": None,
+        "outbox_event_due_idx": "(published_at IS NULL)",
+        "outbox_event_unpublished_idx": "(published_at IS NULL)",
+        "outbox_event_published_idx": "(published_at IS NOT NULL)"}
+    assert apply() == first  # nothing rebuilt the second time
+    checks = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
+                        " AND contype = 'c' ORDER BY 1", (t,))
+    assert [r["conname"] for r in checks] == ["outbox_event_parked_check",
+                                              "outbox_event_published_at_check",
+                                              "outbox_event_status_check"]
+    assert db.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+                      (t,))[0]["reloptions"] == ["fillfactor=50"]
+    rows = {r["aggregate_version"]: r for r in db.rows()}
+    assert [rows[v]["outbox_id"] for v in (1, 2, 3)] == ids
+    assert rows[1]["published_at"] is not None  # from updated_at
+    assert rows[2]["available_at"].year == 9999  # DEAD parked at 'infinity'
+    assert rows[3]["status"] == "PENDING" and rows[3]["available_at"].year < 9999
 
 
 def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):
