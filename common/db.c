@@ -214,15 +214,25 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
          * quadratic in a hot aggregate's backlog. They probe downwards from
          * the row: a blocked version finds its unpublished predecessor at
          * once, and only a real head walks past the index entries its
-         * published versions left behind until VACUUM removes them. */
+         * published versions left behind until VACUUM removes them.
+         *
+         * `vis` keeps the window's rows whose locked version the statement
+         * can see, so the UPDATE may find them by ctid (a TID scan instead
+         * of a primary-key descent each). FOR UPDATE locks, and returns, the
+         * newest version of a row that another transaction changed after
+         * this statement began; the statement cannot update that version,
+         * so the row sits this batch out, and to the guard it is a version
+         * the window lacks: its successors wait too. */
         static const char *const win_fmt =
                 "WITH win AS MATERIALIZED ("
-                " SELECT o.outbox_id, o.tenant_id, o.aggregate_type, o.aggregate_id,"
-                "  o.aggregate_version FROM %s o"
+                " SELECT o.ctid AS tid, o.outbox_id, o.tenant_id, o.aggregate_type,"
+                "  o.aggregate_id, o.aggregate_version FROM %s o"
                 " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"
-                "  AND o.available_at <= now()%s"
+                "  AND o.available_at <= now()%s%s"
                 " ORDER BY o.available_at, o.aggregate_version"
-                " LIMIT $1 FOR UPDATE OF o SKIP LOCKED)";
+                " LIMIT $1 FOR UPDATE OF o SKIP LOCKED),"
+                " vis AS MATERIALIZED (SELECT w.* FROM win w"
+                "  WHERE EXISTS (SELECT 1 FROM %s c WHERE c.ctid = w.tid))";
         static const char *const head_guard =
                 " AND (SELECT p.aggregate_version FROM %s p"
                 "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
@@ -232,7 +242,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         static const char *const runs_fmt =
                 ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"
                 "  min(aggregate_version) AS lo, max(aggregate_version) AS top"
-                "  FROM win GROUP BY 1, 2, 3),"
+                "  FROM vis GROUP BY 1, 2, 3),"
                 " gap AS MATERIALIZED (SELECT a.tenant_id, a.aggregate_type, a.aggregate_id,"
                 "  (SELECT p.aggregate_version FROM %s p"
                 "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"
@@ -244,10 +254,10 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 "   AND p.aggregate_id = a.aggregate_id"
                 "   AND p.aggregate_version BETWEEN a.lo AND a.top"
                 "   AND p.published_at IS NULL"
-                "   AND p.outbox_id NOT IN (SELECT outbox_id FROM win)"
+                "   AND p.outbox_id NOT IN (SELECT outbox_id FROM vis)"
                 "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"
                 "  FROM agg a),"
-                " ready AS (SELECT w.outbox_id FROM win w JOIN gap g"
+                " ready AS (SELECT w.tid, w.outbox_id FROM vis w JOIN gap g"
                 "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"
                 "  AND g.aggregate_id = w.aggregate_id"
                 "  WHERE g.behind IS NULL"
@@ -257,19 +267,26 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " UPDATE %s o SET status = 'PUBLISHING', locked_by = $2,"
                 "  locked_at = now(), last_attempt_at = now(),"
                 "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"
-                " FROM %s r WHERE o.outbox_id = r.outbox_id"
+                " FROM %s r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"
                 " RETURNING %s)"
                 " SELECT * FROM locked ORDER BY 2, 3, 4, 5";
         static const char *const names[] = {"lock_unordered", "lock_runs", "lock_heads"};
+        /* Test hook (tests/fault): a pause between the statement's start and
+         * its row locks, so a test can change a row in between. */
+        char delay[64] = "";
+        const char *delay_ms = getenv("OUTBOX_TEST_LOCK_DELAY_MS");
+        if (delay_ms && atoi(delay_ms) > 0)
+                snprintf(delay, sizeof delay, " AND (SELECT true FROM pg_sleep(%d / 1000.0))",
+                         atoi(delay_ms));
         for (int v = 0; v < 3; v++) {
                 struct buf guard = {0};
                 buf_reset(&sql);
                 int bad = v == 2 && buf_appendf(&guard, head_guard, t);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-                bad = bad || buf_appendf(&sql, win_fmt, t, v == 2 ? guard.data : "") ||
+                bad = bad || buf_appendf(&sql, win_fmt, t, delay, v == 2 ? guard.data : "", t) ||
                       (v == 1 && buf_appendf(&sql, runs_fmt, t, t)) ||
-                      buf_appendf(&sql, tail_fmt, t, v == 1 ? "ready" : "win", lock_columns);
+                      buf_appendf(&sql, tail_fmt, t, v == 1 ? "ready" : "vis", lock_columns);
 #pragma GCC diagnostic pop
                 buf_free(&guard);
                 if (bad)
