@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "db.h"
 
 static const char *url, *table;
@@ -25,12 +26,6 @@ static int batch;
 static long long total;
 static atomic_llong marked;
 static atomic_int failed;
-
-static double mono_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 struct client {
         int id;
@@ -43,12 +38,12 @@ struct client {
 static long cycle(struct db *db, struct db_outcome *outs, double *lock_s, double *mark_s) {
         char err[512];
         struct db_batch b;
-        double t0 = mono_s();
+        double t0 = clock_mono_s();
         if (db_lock_batch(db, batch, 1, &b, err, sizeof err) != 0) {
                 fprintf(stderr, "sqlcycle: %s\n", err);
                 return -1;
         }
-        double t1 = mono_s();
+        double t1 = clock_mono_s();
         *lock_s += t1 - t0;
         size_t n = b.count;
         if (n) {
@@ -64,7 +59,7 @@ static long cycle(struct db *db, struct db_outcome *outs, double *lock_s, double
                         db_batch_clear(&b);
                         return -1;
                 }
-                *mark_s += mono_s() - t1;
+                *mark_s += clock_mono_s() - t1;
         }
         db_batch_clear(&b);
         return (long)n;
@@ -184,7 +179,7 @@ int main(int argc, char **argv) {
         struct client *cs = calloc((size_t)clients, sizeof *cs);
         if (!cs)
                 return 1;
-        double t0 = mono_s();
+        double t0 = clock_mono_s();
         for (int i = 0; i < clients; i++) {
                 cs[i].id = i;
                 if (pthread_create(&cs[i].th, NULL, drain, &cs[i]) != 0) {
@@ -202,7 +197,7 @@ int main(int argc, char **argv) {
                 lock_s += cs[i].lock_s;
                 mark_s += cs[i].mark_s;
         }
-        double el = mono_s() - t0;
+        double el = clock_mono_s() - t0;
         free(cs);
         if (atomic_load(&failed))
                 return 1;
