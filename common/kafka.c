@@ -2,7 +2,6 @@
 #include "kafka.h"
 
 #include <librdkafka/rdkafka.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,11 +96,14 @@ static int conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, 
         return -1;
 }
 
-static bool user_set(const struct config *cfg, const char *name) {
+/* Where the user set librdkafka property `name` (e.g. the variable's name),
+ * or NULL when only defaults set it. */
+static const char *user_source(const struct config *cfg, const char *name) {
+        const char *src = NULL;
         for (size_t i = 0; i < cfg->kafka_cnt; i++)
                 if (strcmp(cfg->kafka[i].name, name) == 0)
-                        return true;
-        return false;
+                        src = cfg->kafka[i].source;
+        return src;
 }
 
 /* Builds the librdkafka configuration; NULL (errstr set) when it is bad. */
@@ -130,7 +132,7 @@ static rd_kafka_conf_t *build_conf(const struct config *cfg, char *errstr, size_
          * slightly larger output. */
         char v[32];
         size_t vs = sizeof v;
-        if (!user_set(cfg, "compression.level") &&
+        if (!user_source(cfg, "compression.level") &&
             rd_kafka_conf_get(conf, "compression.type", v, &vs) == RD_KAFKA_CONF_OK &&
             strcmp(v, "zstd") == 0 &&
             conf_set(conf, "compression.level", "1", "default", errstr, errstr_size) != 0)
@@ -139,14 +141,11 @@ static rd_kafka_conf_t *build_conf(const struct config *cfg, char *errstr, size_
         vs = sizeof v;
         if (rd_kafka_conf_get(conf, "enable.idempotence", v, &vs) != RD_KAFKA_CONF_OK ||
             strcmp(v, "true") != 0) {
-                const char *src = "enable.idempotence";
-                for (size_t i = 0; i < cfg->kafka_cnt; i++)
-                        if (!strcmp(cfg->kafka[i].name, "enable.idempotence"))
-                                src = cfg->kafka[i].source;
+                const char *src = user_source(cfg, "enable.idempotence");
                 snprintf(errstr, errstr_size,
                          "%s: idempotence cannot be turned off (ordering and "
                          "at-least-once depend on it)",
-                         src);
+                         src ? src : "enable.idempotence");
                 goto fail;
         }
         return conf;
