@@ -564,9 +564,12 @@ static int run_mark(struct db *db, const char *stmt, int nparams, const char *co
         return 0;
 }
 
+/* The array parameters db_mark() builds, one PostgreSQL array literal each. */
+enum { A_IDS, A_TIDS, A_DELAYS, A_CODES, A_MSGS, A_UNCOUNTS, A_COUNT };
+
 int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
             size_t errstr_size) {
-        struct buf ids = {0}, tids = {0}, delays = {0}, codes = {0}, msgs = {0}, uncounts = {0};
+        struct buf a[A_COUNT] = {{0}};
         long long done = 0;
         size_t expected = 0;
         int rc = -1;
@@ -576,45 +579,39 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                 return errstr_set(errstr, errstr_size, "not connected");
         for (int status = DB_PUBLISHED; status <= DB_RELEASED; status++) {
                 size_t cnt = 0;
-                buf_reset(&ids);
-                buf_reset(&tids);
-                buf_reset(&delays);
-                buf_reset(&codes);
-                buf_reset(&msgs);
-                buf_reset(&uncounts);
-                if (buf_append(&ids, "{", 1) || buf_append(&tids, "{", 1) ||
-                    buf_append(&delays, "{", 1) || buf_append(&codes, "{", 1) ||
-                    buf_append(&msgs, "{", 1) || buf_append(&uncounts, "{", 1))
-                        goto oom;
+                for (int k = 0; k < A_COUNT; k++) {
+                        buf_reset(&a[k]);
+                        if (buf_append(&a[k], "{", 1))
+                                goto oom;
+                }
                 for (size_t i = 0; i < n; i++) {
                         if ((int)outs[i].status != status || outs[i].marked)
                                 continue;
                         cnt++;
-                        if (array_elem(&ids, outs[i].outbox_id) ||
-                            (status == DB_PUBLISHED && array_elem(&tids, outs[i].tid)))
+                        if (array_elem(&a[A_IDS], outs[i].outbox_id) ||
+                            (status == DB_PUBLISHED && array_elem(&a[A_TIDS], outs[i].tid)))
                                 goto oom;
                         if (status != DB_FAILED && status != DB_DEAD)
                                 continue; /* the other arrays are for mark_unpublished */
                         char d[24];
                         snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
-                        if (array_elem(&delays, d) || array_elem(&codes, outs[i].code) ||
-                            array_elem(&msgs, outs[i].message) ||
-                            array_elem(&uncounts, outs[i].uncounted ? "1" : "0"))
+                        if (array_elem(&a[A_DELAYS], d) || array_elem(&a[A_CODES], outs[i].code) ||
+                            array_elem(&a[A_MSGS], outs[i].message) ||
+                            array_elem(&a[A_UNCOUNTS], outs[i].uncounted ? "1" : "0"))
                                 goto oom;
                 }
                 if (!cnt)
                         continue;
-                if (buf_append(&ids, "}", 1) || buf_append(&tids, "}", 1) ||
-                    buf_append(&delays, "}", 1) || buf_append(&codes, "}", 1) ||
-                    buf_append(&msgs, "}", 1) || buf_append(&uncounts, "}", 1))
-                        goto oom;
+                for (int k = 0; k < A_COUNT; k++)
+                        if (buf_append(&a[k], "}", 1))
+                                goto oom;
                 expected += cnt;
                 if (status == DB_PUBLISHED) {
                         /* By ctid, then by outbox_id for rows an update moved
                          * since the lock: one transaction, so a failure in
                          * between leaves nothing half marked (which a retry
                          * would count as lost locks). */
-                        const char *p[3] = {ids.data, db->relay_id, tids.data};
+                        const char *p[3] = {a[A_IDS].data, db->relay_id, a[A_TIDS].data};
                         long long by_tid = 0, by_id = 0;
                         if (exec_simple(db, "BEGIN", errstr, errstr_size) ||
                             run_mark(db, "mark_published", 3, p, &by_tid, errstr, errstr_size) ||
@@ -626,17 +623,17 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
                         }
                         done += by_tid + by_id;
                 } else if (status == DB_RELEASED) {
-                        const char *p[2] = {ids.data, db->relay_id};
+                        const char *p[2] = {a[A_IDS].data, db->relay_id};
                         if (run_mark(db, "mark_released", 2, p, &done, errstr, errstr_size))
                                 goto out;
                 } else {
                         const char *p[7] = {status == DB_FAILED ? "FAILED" : "DEAD",
-                                            ids.data,
-                                            delays.data,
-                                            codes.data,
-                                            msgs.data,
+                                            a[A_IDS].data,
+                                            a[A_DELAYS].data,
+                                            a[A_CODES].data,
+                                            a[A_MSGS].data,
                                             db->relay_id,
-                                            uncounts.data};
+                                            a[A_UNCOUNTS].data};
                         if (run_mark(db, "mark_unpublished", 7, p, &done, errstr, errstr_size))
                                 goto out;
                 }
@@ -650,12 +647,8 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
 oom:
         rc = errstr_set(errstr, errstr_size, "out of memory");
 out:
-        buf_free(&ids);
-        buf_free(&tids);
-        buf_free(&delays);
-        buf_free(&codes);
-        buf_free(&msgs);
-        buf_free(&uncounts);
+        for (int k = 0; k < A_COUNT; k++)
+                buf_free(&a[k]);
         return rc;
 }
 
