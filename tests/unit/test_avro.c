@@ -6,6 +6,7 @@
 
 #include "avroenc.h"
 #include "config.h"
+#include "sample_event.h"
 
 static struct buf b;
 static struct avroenc *a;
@@ -33,21 +34,9 @@ static const char envelope_canonical[] =
 #define ENVELOPE_FP 0x543dc759e1fc2871ULL
 
 static struct outbox_event sample(void) {
-        struct outbox_event ev = {
-                .outbox_id = "0b8f3f2e-8a57-4c39-9a0e-3c1d2a0f6b11",
-                .tenant_id = "acme",
-                .aggregate_type = "Order",
-                .aggregate_id = "o-1",
-                .aggregate_version = 7,
-                .event_type = "OrderCreated",
-                .event_version = 2,
-                .payload = "{\"total\": 12.5}",
-                .payload_len = 15,
-                .headers = "6:region2:eu",
-                .causation_id = "c",
-                .occurred_at = "2026-11-23T00:00:00.000001Z",
-                .attempt_count = 1,
-        };
+        struct outbox_event ev = sample_event();
+        ev.headers = "6:region2:eu";
+        ev.causation_id = "c";
         return ev;
 }
 
