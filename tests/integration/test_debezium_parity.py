@@ -18,6 +18,16 @@ def published(db, n):
     return lambda: db.status_counts()["PUBLISHED"] == n
 
 
+def _publish(db, kafka, tmp_path, env, aggregate_type):
+    """One relay until both rows are PUBLISHED; returns (rows by outbox_id,
+    the messages on the aggregate type's topic)."""
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(published(db, 2), 30, what="rows PUBLISHED")
+        assert relay.stop() == 0
+    table = {r["outbox_id"]: r for r in db.rows()}
+    return table, read_topics(kafka.bootstrap, topics=["%s.%s" % (db.schema, aggregate_type)])
+
+
 FORMATS = [
     ("json", "envelope"),
     ("json", "payload"),
@@ -44,11 +54,7 @@ def test_tombstones_and_values_in_every_format(db, kafka, tmp_path, serializatio
     try:
         if reg:
             env["OUTBOX_SCHEMA_REGISTRY_URL"] = reg.url
-        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
-            wait_until(published(db, 2), 30, what="rows PUBLISHED")
-            assert relay.stop() == 0
-        table = {r["outbox_id"]: r for r in db.rows()}
-        msgs = read_topics(kafka.bootstrap, topics=["%s.Customer" % db.schema])
+        table, msgs = _publish(db, kafka, tmp_path, env, "Customer")
         by_id = {header(m, "event-id"): m for m in msgs}
         assert set(by_id) == set(ids)
         tomb = by_id[ids[1]]
@@ -144,11 +150,7 @@ def _check_placement(m, extra, row):
 def test_envelope_fields_json(db, kafka, tmp_path):
     ids = db.insert_events(_field_rows())
     env = relay_env(db, kafka, OUTBOX_ENVELOPE_FIELDS=FIELDS)
-    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
-        wait_until(published(db, 2), 30, what="rows PUBLISHED")
-        assert relay.stop() == 0
-    table = {r["outbox_id"]: r for r in db.rows()}
-    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    table, msgs = _publish(db, kafka, tmp_path, env, "Order")
     assert sorted(header(m, "event-id") for m in msgs) == sorted(ids)
     for m in msgs:
         value = json.loads(m["value"])
@@ -166,11 +168,7 @@ def test_envelope_fields_avro(db, kafka, tmp_path, registry):
         env = relay_env(db, kafka, OUTBOX_SERIALIZATION="avro", OUTBOX_ENVELOPE_FIELDS=FIELDS)
         if reg:
             env["OUTBOX_SCHEMA_REGISTRY_URL"] = reg.url
-        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
-            wait_until(published(db, 2), 30, what="rows PUBLISHED")
-            assert relay.stop() == 0
-        table = {r["outbox_id"]: r for r in db.rows()}
-        msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+        table, msgs = _publish(db, kafka, tmp_path, env, "Order")
         assert sorted(header(m, "event-id") for m in msgs) == sorted(ids)
         schema = envelope_schema(["event_key", "region", "tier", "pk"])
         for m in msgs:
