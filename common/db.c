@@ -414,6 +414,22 @@ static PGresult *run_lock(struct db *db, const char *stmt, int limit, char *errs
         return r;
 }
 
+/* Parses PostgreSQL's float8 text of an epoch ("1763856000.123456"): plain
+ * digits and one point by hand (strtod's exact rounding costs more than a
+ * latency metric needs); anything else (exponent, sign) through strtod. */
+static double parse_epoch(const char *s) {
+        double whole = 0, frac = 0, scale = 1;
+        const char *p = s;
+        for (; *p >= '0' && *p <= '9'; p++)
+                whole = whole * 10 + (*p - '0');
+        if (*p == '.')
+                for (p++; *p >= '0' && *p <= '9'; p++) {
+                        frac = frac * 10 + (*p - '0');
+                        scale *= 10;
+                }
+        return *p || p == s ? strtod(s, NULL) : whole + frac / scale;
+}
+
 /* Points events at the rows of r. */
 static void fill_events(PGresult *r, struct outbox_event *events) {
 #define V(col) (PQgetisnull(r, i, col) ? NULL : PQgetvalue(r, i, col))
@@ -437,7 +453,7 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
                 e->causation_id = V(C_CAUSATION);
                 e->trace_id = V(C_TRACE);
                 e->occurred_at = V(C_OCCURRED);
-                e->occurred_at_epoch = strtod(S(C_OCCURRED_EPOCH), NULL);
+                e->occurred_at_epoch = parse_epoch(S(C_OCCURRED_EPOCH));
                 e->attempt_count = atoi(S(C_ATTEMPTS));
                 e->tid = V(C_TID);
         }

@@ -44,6 +44,24 @@ int buf_appendf(struct buf *b, const char *fmt, ...) {
         return 0;
 }
 
+/* Decimal digits of v, written backwards ending at end; returns the start. */
+static char *fmt_ll(char *end, long long v) {
+        unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+        char *p = end;
+        do
+                *--p = (char)('0' + u % 10);
+        while (u /= 10);
+        if (v < 0)
+                *--p = '-';
+        return p;
+}
+
+int buf_append_ll(struct buf *b, long long v) {
+        char tmp[24];
+        char *start = fmt_ll(tmp + sizeof tmp, v);
+        return buf_append(b, start, (size_t)(tmp + sizeof tmp - start));
+}
+
 int buf_append_json_string(struct buf *b, const char *s) {
         if (!s)
                 return buf_append(b, "null", 4);
@@ -63,7 +81,12 @@ int buf_append_json_string(struct buf *b, const char *s) {
                 case '\n': rc = buf_append(b, "\\n", 2); break;
                 case '\r': rc = buf_append(b, "\\r", 2); break;
                 case '\t': rc = buf_append(b, "\\t", 2); break;
-                default: rc = buf_appendf(b, "\\u%04x", c); break;
+                default: {
+                        char u[6] = {'\\', 'u', '0', '0', "0123456789abcdef"[c >> 4],
+                                     "0123456789abcdef"[c & 15]};
+                        rc = buf_append(b, u, sizeof u);
+                        break;
+                }
                 }
                 if (rc != 0)
                         return -1;
@@ -124,17 +147,21 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
         if (ev->topic_name && *ev->topic_name)
                 return buf_append(out, ev->topic_name, strlen(ev->topic_name));
         for (const char *p = template; *p;) {
-                size_t i;
-                for (i = 0; i < sizeof ph / sizeof ph[0]; i++)
-                        if (!strncmp(p, ph[i].name, ph[i].len))
-                                break;
+                size_t run = strcspn(p + 1, "{") + 1; /* up to the next '{' after p */
+                size_t i = sizeof ph / sizeof ph[0];
+                if (*p == '{')
+                        for (i = 0; i < sizeof ph / sizeof ph[0]; i++)
+                                if (!strncmp(p, ph[i].name, ph[i].len))
+                                        break;
                 if (i < sizeof ph / sizeof ph[0]) {
                         const char *v = *(const char *const *)((const char *)ev + ph[i].off);
                         if (buf_append(out, v, strlen(v)) != 0)
                                 return -1;
                         p += ph[i].len;
-                } else if (buf_append(out, p++, 1) != 0) {
-                        return -1;
+                } else {
+                        if (buf_append(out, p, run) != 0)
+                                return -1;
+                        p += run;
                 }
         }
         return out->len ? 0 : -1;
@@ -290,14 +317,17 @@ int encode_envelope_json_fields(const struct outbox_event *ev, const struct enco
                  buf_append_json_string(out, ev->outbox_id) ||
                  buf_append(out, ",\"event_type\":", 14) ||
                  buf_append_json_string(out, ev->event_type) ||
-                 buf_appendf(out, ",\"event_version\":%d,\"tenant_id\":", ev->event_version) ||
+                 buf_append(out, ",\"event_version\":", 17) ||
+                 buf_append_ll(out, ev->event_version) ||
+                 buf_append(out, ",\"tenant_id\":", 13) ||
                  buf_append_json_string(out, ev->tenant_id) ||
                  buf_append(out, ",\"aggregate_type\":", 18) ||
                  buf_append_json_string(out, ev->aggregate_type) ||
                  buf_append(out, ",\"aggregate_id\":", 16) ||
                  buf_append_json_string(out, ev->aggregate_id) ||
-                 buf_appendf(out, ",\"aggregate_version\":%lld,\"occurred_at\":",
-                             ev->aggregate_version) ||
+                 buf_append(out, ",\"aggregate_version\":", 21) ||
+                 buf_append_ll(out, ev->aggregate_version) ||
+                 buf_append(out, ",\"occurred_at\":", 15) ||
                  buf_append_json_string(out, ev->occurred_at) ||
                  buf_append(out, ",\"correlation_id\":", 18) ||
                  buf_append_json_string(out, ev->correlation_id) ||
@@ -368,6 +398,18 @@ static int placed_event_key(const struct encode_fields *fields) {
         return 0;
 }
 
+/* Appends v and its NUL to scratch, which has room; returns where it went. */
+static const char *scratch_number(struct buf *scratch, long long v) {
+        char tmp[24];
+        char *start = fmt_ll(tmp + sizeof tmp, v);
+        size_t n = (size_t)(tmp + sizeof tmp - start);
+        char *out = scratch->data + scratch->len;
+        memcpy(out, start, n);
+        out[n] = '\0';
+        scratch->len += n + 1;
+        return out;
+}
+
 int encode_headers_fields(const struct outbox_event *ev, const char *producer,
                           const char *content_type, const char *schema_id,
                           const struct encode_fields *fields, struct encode_header *hdrs,
@@ -384,12 +426,8 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
                 snprintf(errstr, errstr_size, "out of memory");
                 return -1;
         }
-        const char *event_version = scratch->data;
-        scratch->len += (size_t)snprintf(scratch->data, 24, "%d", ev->event_version) + 1;
-        const char *aggregate_version = scratch->data + scratch->len;
-        scratch->len +=
-                (size_t)snprintf(scratch->data + scratch->len, 24, "%lld", ev->aggregate_version) +
-                1;
+        const char *event_version = scratch_number(scratch, ev->event_version);
+        const char *aggregate_version = scratch_number(scratch, ev->aggregate_version);
 
         struct encode_header fixed[] = {
                 {"event-id", ev->outbox_id, 0},

@@ -18,6 +18,8 @@ int buf_reserve(struct buf *b, size_t extra) __attribute__((warn_unused_result))
 int buf_append(struct buf *b, const void *p, size_t n) __attribute__((warn_unused_result));
 int buf_appendf(struct buf *b, const char *fmt, ...)
         __attribute__((format(printf, 2, 3), warn_unused_result));
+/* Appends v in decimal. */
+int buf_append_ll(struct buf *b, long long v) __attribute__((warn_unused_result));
 /* Appends s as a JSON string literal (quotes included), or null when s is NULL. */
 int buf_append_json_string(struct buf *b, const char *s) __attribute__((warn_unused_result));
 void buf_reset(struct buf *b);

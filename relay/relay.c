@@ -75,6 +75,8 @@ static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx)
         st->ok = res->ok;
         st->permanent = res->permanent;
         st->code = res->code;
+        if (res->ok)
+                return; /* an acknowledged row's outcome carries no message */
         snprintf(st->message, sizeof st->message, "%s", res->message);
         encode_utf8_clean(st->message);
 }

@@ -1,5 +1,6 @@
 /* Unit tests of encode: topic template, JSON envelope, headers. */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,27 @@ Test(encode, topic_template_placeholders) {
         ev.topic_name = "explicit";
         cr_assert_eq(encode_topic("outbox.event.{aggregate_type}", &ev, &b), 0);
         cr_assert_str_eq(b.data, "explicit");
+}
+
+Test(encode, topic_template_edges) {
+        struct outbox_event ev = sample();
+        cr_assert_eq(encode_topic("{aggregate_type}", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "Order");
+        cr_assert_eq(encode_topic("{{aggregate_type}}{", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "{Order}{");
+        cr_assert_eq(encode_topic("x{tenant_id", &ev, &b), 0);
+        cr_assert_str_eq(b.data, "x{tenant_id");
+}
+
+Test(encode, decimal_numbers) {
+        const long long v[] = {0, 7, -1, 1234567890123LL, LLONG_MAX, LLONG_MIN};
+        char want[32];
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+                buf_reset(&b);
+                cr_assert_eq(buf_append_ll(&b, v[i]), 0);
+                snprintf(want, sizeof want, "%lld", v[i]);
+                cr_assert_str_eq(b.data, want);
+        }
 }
 
 Test(encode, envelope_has_every_key_and_nulls) {
