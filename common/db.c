@@ -271,13 +271,19 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                 " RETURNING %s)"
                 " SELECT * FROM locked ORDER BY 2, 3, 4, 5";
         static const char *const names[] = {"lock_unordered", "lock_runs", "lock_heads"};
-        /* Test hook (tests/fault): a pause between the statement's start and
-         * its row locks, so a test can change a row in between. */
         char delay[64] = "";
+#ifdef OUTBOX_TEST_HOOKS
+        /* Test hook (tests/fault/test_lock_race.py; only in builds with
+         * -DOUTBOX_TEST_HOOKS=ON): a pause between the statement's start and
+         * its row locks, so a test can change a row in between. */
         const char *delay_ms = getenv("OUTBOX_TEST_LOCK_DELAY_MS");
-        if (delay_ms && atoi(delay_ms) > 0)
+        if (delay_ms && atoi(delay_ms) > 0) {
                 snprintf(delay, sizeof delay, " AND (SELECT true FROM pg_sleep(%d / 1000.0))",
                          atoi(delay_ms));
+                log_warn("db", "test hook: every lock statement pauses", "ms=%d",
+                         atoi(delay_ms));
+        }
+#endif
         for (int v = 0; v < 3; v++) {
                 struct buf guard = {0};
                 buf_reset(&sql);

@@ -3,7 +3,8 @@
 and returns, the row's newest version, which the statement itself cannot see
 or update. G2 must hold: the changed version sits the batch out and its
 aggregate's later versions wait for it; nothing is lost or published out of
-order. The relay's test hook OUTBOX_TEST_LOCK_DELAY_MS pauses every lock
+order. The relay's test hook OUTBOX_TEST_LOCK_DELAY_MS (compiled in only with
+-DOUTBOX_TEST_HOOKS=ON, as tests/run builds the binaries it tests) pauses every lock
 statement between its start and its row locks, so the test can change the row
 in that window every time."""
 from conftest import check_audit, check_kafka, relay_env, wait_quiet
