@@ -50,8 +50,9 @@ static const struct opt opts[] = {
          "rows locked per batch"},
         {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
          "longest idle wait; NOTIFY wakes sooner"},
-        {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), RELAY, 0, 0, ordering_names,
-         "aggregate (per-aggregate guard) or none"},
+        {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), BOTH, 0, 0, ordering_names,
+         "aggregate (per-aggregate guard) or none; the sweeper parks versions behind DEAD "
+         "ones only under aggregate"},
         {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), RELAY, 1, 1000000, NULL,
          "attempts before a row goes DEAD"},
         {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 1, INT_MAX, NULL,

@@ -280,8 +280,7 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         if (delay_ms && atoi(delay_ms) > 0) {
                 snprintf(delay, sizeof delay, " AND (SELECT true FROM pg_sleep(%d / 1000.0))",
                          atoi(delay_ms));
-                log_warn("db", "test hook: every lock statement pauses", "ms=%d",
-                         atoi(delay_ms));
+                log_warn("db", "test hook: every lock statement pauses", "ms=%d", atoi(delay_ms));
         }
 #endif
         for (int v = 0; v < 3; v++) {
@@ -712,10 +711,11 @@ int db_wait(struct db *db, int timeout_ms) {
         return drain_notifies(db) ? 1 : 0;
 }
 
-/* Runs a row-count statement: `sql_fmt` names the table twice (%s %s) and
- * takes $1 and $2; *n gets the rows affected. */
-static int exec_count(struct db *db, const char *what, const char *sql_fmt, long long p1,
-                      long long p2, long long *n, char *errstr, size_t size) {
+/* Runs a row-count statement: `sql_fmt` names the table as %1$s (as often as
+ * it needs) and takes $1 .. $nparams (at most 2) from p1, p2; *n gets the
+ * rows affected. */
+static int exec_count(struct db *db, const char *what, const char *sql_fmt, int nparams,
+                      long long p1, long long p2, long long *n, char *errstr, size_t size) {
         struct buf sql = {0};
         char a[24], b[24];
         const char *params[2] = {a, b};
@@ -725,16 +725,16 @@ static int exec_count(struct db *db, const char *what, const char *sql_fmt, long
                 return errstr_set(errstr, size, "not connected");
         snprintf(a, sizeof a, "%lld", p1);
         snprintf(b, sizeof b, "%lld", p2);
-        /* the format is one of this file's literals, with exactly two %s */
+        /* the format is one of this file's literals, naming only %1$s */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-        int built = buf_appendf(&sql, sql_fmt, db->qtable, db->qtable);
+        int built = buf_appendf(&sql, sql_fmt, db->qtable);
 #pragma GCC diagnostic pop
         if (built != 0) {
                 errstr_set(errstr, size, "out of memory");
                 goto out;
         }
-        PGresult *r = PQexecParams(db->conn, sql.data, 2, NULL, params, NULL, NULL, 0);
+        PGresult *r = PQexecParams(db->conn, sql.data, nparams, NULL, params, NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_COMMAND_OK) {
                 errstr_set(errstr, size, "%s: %s", what, PQerrorMessage(db->conn));
                 PQclear(r);
@@ -752,30 +752,83 @@ out:
 int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
                    size_t errstr_size) {
         return exec_count(db, "reset stale locks",
-                          "WITH stale AS (SELECT outbox_id FROM %s"
+                          "WITH stale AS (SELECT outbox_id FROM %1$s"
                           " WHERE published_at IS NULL"
                           " AND available_at < now() - $1 * interval '1 second'"
                           " AND status = 'PUBLISHING'"
                           " AND locked_at < now() - $1 * interval '1 second'"
                           " ORDER BY available_at, aggregate_version"
                           " LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                          " UPDATE %s o SET status = 'FAILED', available_at = now(),"
+                          " UPDATE %1$s o SET status = 'FAILED', available_at = now(),"
                           " last_error_code = 'STALE_LOCK',"
                           " last_error_message = 'lock of ' || coalesce(o.locked_by, '?')"
                           "  || ' expired after ' || $1 || ' s',"
                           " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
                           " FROM stale WHERE o.outbox_id = stale.outbox_id",
-                          lock_timeout_s, limit, n, errstr, errstr_size);
+                          2, lock_timeout_s, limit, n, errstr, errstr_size);
 }
 
 int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
                         size_t errstr_size) {
         return exec_count(db, "delete published",
-                          "DELETE FROM %s WHERE outbox_id IN (SELECT outbox_id FROM %s"
+                          "DELETE FROM %1$s WHERE outbox_id IN (SELECT outbox_id FROM %1$s"
                           " WHERE published_at IS NOT NULL"
                           " AND published_at < now() - $1 * interval '1 second'"
                           " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                          retention_s, limit, n, errstr, errstr_size);
+                          2, retention_s, limit, n, errstr, errstr_size);
+}
+
+/* Parking (docs/contract-changes.md): a PENDING or FAILED version behind a
+ * DEAD one of its aggregate can never go before an operator acts, yet it is
+ * due, so every lock would step over it. It is parked out of the lock scan's
+ * range (available_at 'infinity', code BLOCKED) while its aggregate has a
+ * DEAD version below it. The DEAD rows are found in the parked range of the
+ * due index; their successors through the guard index. */
+int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size) {
+        return exec_count(
+                db, "park blocked versions",
+                "WITH dead AS (SELECT tenant_id, aggregate_type, aggregate_id,"
+                "  min(aggregate_version) AS v FROM %1$s"
+                "  WHERE published_at IS NULL AND available_at = 'infinity' AND status = 'DEAD'"
+                "  GROUP BY 1, 2, 3),"
+                " todo AS (SELECT s.outbox_id, d.v FROM dead d JOIN %1$s s"
+                "  ON s.tenant_id = d.tenant_id AND s.aggregate_type = d.aggregate_type"
+                "  AND s.aggregate_id = d.aggregate_id"
+                "  WHERE s.published_at IS NULL AND s.aggregate_version > d.v"
+                "  AND s.status IN ('PENDING', 'FAILED') AND s.available_at <> 'infinity'"
+                "  LIMIT $1 FOR UPDATE OF s SKIP LOCKED)"
+                " UPDATE %1$s o SET available_at = 'infinity', last_error_code = 'BLOCKED',"
+                " last_error_message = 'parked behind DEAD version ' || todo.v"
+                "  || ' of its aggregate (unparked when that is requeued, published or"
+                " deleted)',"
+                " updated_at = clock_timestamp()"
+                " FROM todo WHERE o.outbox_id = todo.outbox_id"
+                " AND o.status IN ('PENDING', 'FAILED')",
+                1, limit, 0, n, errstr, errstr_size);
+}
+
+/* Puts parked versions back in the lock scan's range (due now) once their
+ * aggregate has no DEAD version left, or, with `all` (OUTBOX_ORDERING=none,
+ * where nothing blocks), every parked version. */
+int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
+                      size_t errstr_size) {
+        return exec_count(
+                db, "unpark versions",
+                "WITH inf AS MATERIALIZED (SELECT outbox_id, tenant_id, aggregate_type,"
+                "  aggregate_id, status FROM %1$s"
+                "  WHERE published_at IS NULL AND available_at = 'infinity'),"
+                " dead AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM inf"
+                "  WHERE status = 'DEAD'),"
+                " todo AS (SELECT i.outbox_id FROM inf i LEFT JOIN dead d"
+                "  ON d.tenant_id = i.tenant_id AND d.aggregate_type = i.aggregate_type"
+                "  AND d.aggregate_id = i.aggregate_id"
+                "  WHERE i.status IN ('PENDING', 'FAILED') AND (d.aggregate_id IS NULL OR $2 = 1)"
+                "  LIMIT $1)"
+                " UPDATE %1$s o SET available_at = now(), last_error_code = NULL,"
+                " last_error_message = NULL, updated_at = clock_timestamp()"
+                " FROM todo WHERE o.outbox_id = todo.outbox_id AND o.published_at IS NULL"
+                " AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')",
+                2, limit, all ? 1 : 0, n, errstr, errstr_size);
 }
 
 int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s, char *errstr,

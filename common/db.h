@@ -98,6 +98,14 @@ int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, c
  * retention_s ago. *n gets the count. */
 int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
                         size_t errstr_size) __attribute__((warn_unused_result));
+/* Parks PENDING/FAILED versions behind a DEAD version of their aggregate out
+ * of the lock scan (available_at 'infinity', last_error_code BLOCKED), at
+ * most `limit` per call. */
+int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size);
+/* Makes parked versions due again once their aggregate has no DEAD version
+ * (every parked version with `all`), at most `limit` per call. */
+int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
+                      size_t errstr_size);
 
 /* One query for the table gauges: counts by status (db_status_names order;
  * PUBLISHED from the statistics collector's live-row count, the others exact) and the age in

@@ -57,7 +57,7 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         const struct config *cfg = s->cfg;
         long long n;
 
-        res->stale_reset = res->deleted = 0;
+        res->stale_reset = res->deleted = res->parked = res->unparked = 0;
         res->statements = 0;
         /* Stale locks first: they hold up whole aggregates. */
         do {
@@ -71,6 +71,29 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         if (res->stale_reset)
                 log_warn("sweeper", "stale locks returned", "rows=%lld lock_timeout_s=%d",
                          res->stale_reset, cfg->lock_timeout_s);
+
+        /* Versions behind a DEAD one (docs/contract-changes.md, "Parking"):
+         * unpark first, so a requeued aggregate flows again this sweep. */
+        int ordered = cfg->ordering == ORDERING_AGGREGATE;
+        do {
+                if (db_unpark_blocked(s->db, !ordered, cfg->delete_batch, &n, errstr,
+                                      errstr_size) != 0)
+                        return -1;
+                res->unparked += n;
+                beat(s);
+        } while (n >= cfg->delete_batch && !*stop);
+        if (res->unparked)
+                log_info("sweeper", "parked versions due again", "rows=%lld", res->unparked);
+        if (ordered)
+                do {
+                        if (db_park_blocked(s->db, cfg->delete_batch, &n, errstr, errstr_size) != 0)
+                                return -1;
+                        res->parked += n;
+                        beat(s);
+                } while (n >= cfg->delete_batch && !*stop);
+        if (res->parked)
+                log_warn("sweeper", "versions parked behind DEAD versions of their aggregate",
+                         "rows=%lld", res->parked);
 
         if (cfg->retention_s == 0)
                 return 0;
@@ -109,10 +132,12 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
                         http_set_ready(s->http, 0);
                 return -1;
         }
-        if (res.stale_reset || res.deleted)
+        if (res.stale_reset || res.deleted || res.parked || res.unparked)
                 log_info("sweeper", "sweep done",
-                         "stale_reset=%lld deleted=%lld statements=%d seconds=%.3f",
-                         res.stale_reset, res.deleted, res.statements, clock_mono_s() - started);
+                         "stale_reset=%lld parked=%lld unparked=%lld deleted=%lld statements=%d "
+                         "seconds=%.3f",
+                         res.stale_reset, res.parked, res.unparked, res.deleted, res.statements,
+                         clock_mono_s() - started);
         else
                 log_debug("sweeper", "sweep done",
                           "stale_reset=0 deleted=0 statements=%d seconds=%.3f", res.statements,

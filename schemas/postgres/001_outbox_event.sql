@@ -42,10 +42,13 @@ CREATE TABLE IF NOT EXISTS outbox_event (
         CHECK ((status = 'PUBLISHED') = (published_at IS NOT NULL)),
     -- A DEAD row is parked at available_at 'infinity', out of every lock
     -- scan's range; whoever requeues it must give it a real due time (a row
-    -- waiting for, or in, a relay never has that one).
+    -- waiting for, or in, a relay never has that one). The one exception:
+    -- the sweeper parks the versions behind a DEAD one there too, marked
+    -- last_error_code 'BLOCKED', and makes them due again when it is gone.
     CONSTRAINT outbox_event_parked_check
         CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
-               OR available_at <> 'infinity')
+               OR available_at <> 'infinity'
+               OR (status <> 'PUBLISHING' AND last_error_code IS NOT DISTINCT FROM 'BLOCKED'))
 ) WITH (fillfactor = 50);
 
 -- No index mentions status, locked_by, locked_at, last_attempt_at,

@@ -255,6 +255,27 @@ def test_upgrade_migration_from_status_indexes(db):
     assert rows[2]["available_at"].year == 9999  # DEAD parked at 'infinity'
     assert rows[3]["status"] == "PENDING" and rows[3]["available_at"].year < 9999
 
+    # 003 widens the parked check (BLOCKED versions may wait at 'infinity'),
+    # once: the second run keeps the constraint it made.
+    def parked_check():
+        return db.execute("SELECT oid::int AS oid, pg_get_constraintdef(oid) AS def"
+                          " FROM pg_constraint WHERE conrelid = %s::regclass"
+                          " AND conname = 'outbox_event_parked_check'", (t,))
+
+    assert "BLOCKED" not in parked_check()[0]["def"]
+    upgrade = os.path.join(harness.repo_root(), "schemas", "postgres", "003_park_blocked.sql")
+    for _ in range(2):
+        with open(upgrade, encoding="utf-8") as f:
+            db.execute(f.read())
+        (check,) = parked_check()
+        assert "BLOCKED" in check["def"], check
+        first_oid = first_oid if _ else check["oid"]
+        assert check["oid"] == first_oid
+    db.execute("UPDATE %s SET available_at = 'infinity', last_error_code = 'BLOCKED'"
+               " WHERE outbox_id = %%s" % t, (ids[2],))
+    with pytest.raises(psycopg2.errors.CheckViolation, match="outbox_event_parked_check"):
+        db.execute("UPDATE %s SET last_error_code = NULL WHERE outbox_id = %%s" % t, (ids[2],))
+
 
 def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):
     db.insert_events([

@@ -1,0 +1,29 @@
+-- 003_park_blocked: lets the sweeper park PENDING and FAILED versions that
+-- wait behind a DEAD version of their aggregate at available_at 'infinity',
+-- out of the lock scan's range (last_error_code 'BLOCKED'; see
+-- docs/contract-changes.md, "Parking"). It widens outbox_event_parked_check
+-- to the definition in the current 001.
+--
+-- Safe to apply twice, and a no-op on a table the current 001 created. The
+-- new check only allows more than the old one, so existing rows meet it: it
+-- is added NOT VALID (no table scan, a brief lock), and relays may keep
+-- running. `ALTER TABLE outbox_event VALIDATE CONSTRAINT
+-- outbox_event_parked_check` checks the old rows too, if wanted.
+
+DO $$
+DECLARE
+    t regclass := to_regclass('outbox_event');
+BEGIN
+    IF t IS NULL OR EXISTS (
+        SELECT 1 FROM pg_constraint WHERE conrelid = t
+        AND conname = 'outbox_event_parked_check'
+        AND pg_get_constraintdef(oid) LIKE '%BLOCKED%') THEN
+        RETURN;
+    END IF;
+    ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_parked_check;
+    ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_parked_check
+        CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
+               OR available_at <> 'infinity'
+               OR (status <> 'PUBLISHING' AND last_error_code IS NOT DISTINCT FROM 'BLOCKED')) NOT VALID;
+END
+$$;
