@@ -82,7 +82,11 @@ int buf_append_json_string(struct buf *b, const char *s) {
                 case '\r': rc = buf_append(b, "\\r", 2); break;
                 case '\t': rc = buf_append(b, "\\t", 2); break;
                 default: {
-                        char u[6] = {'\\', 'u', '0', '0', "0123456789abcdef"[c >> 4],
+                        char u[6] = {'\\',
+                                     'u',
+                                     '0',
+                                     '0',
+                                     "0123456789abcdef"[c >> 4],
                                      "0123456789abcdef"[c & 15]};
                         rc = buf_append(b, u, sizeof u);
                         break;
@@ -318,8 +322,7 @@ int encode_envelope_json_fields(const struct outbox_event *ev, const struct enco
                  buf_append(out, ",\"event_type\":", 14) ||
                  buf_append_json_string(out, ev->event_type) ||
                  buf_append(out, ",\"event_version\":", 17) ||
-                 buf_append_ll(out, ev->event_version) ||
-                 buf_append(out, ",\"tenant_id\":", 13) ||
+                 buf_append_ll(out, ev->event_version) || buf_append(out, ",\"tenant_id\":", 13) ||
                  buf_append_json_string(out, ev->tenant_id) ||
                  buf_append(out, ",\"aggregate_type\":", 18) ||
                  buf_append_json_string(out, ev->aggregate_type) ||
