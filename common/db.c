@@ -428,10 +428,11 @@ static double parse_epoch(const char *s) {
         for (; *p >= '0' && *p <= '9'; p++)
                 whole = whole * 10 + (*p - '0');
         if (*p == '.')
-                for (p++; *p >= '0' && *p <= '9'; p++) {
+                for (p++; *p >= '0' && *p <= '9' && scale < 1e18; p++) {
                         frac = frac * 10 + (*p - '0');
                         scale *= 10;
                 }
+        /* a digit left over means more than 18 decimals: strtod too */
         return *p || p == s ? strtod(s, NULL) : whole + frac / scale;
 }
 

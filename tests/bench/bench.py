@@ -12,6 +12,8 @@ outbox-mockbroker per scenario; everything is measured in this one run:
   4 latency   steady 1k events/s of single-row insert transactions, commit -> ack
   5 rss       relay VmRSS/VmHWM during the relay runs
   6 hot       200k events over 10 aggregates
+  7 blocked   (beyond the issue) 20k events drained while 100k versions wait
+              behind one DEAD row, without and with the sweeper's parking
 
 fsync off first, then the server is restarted with fsync on and rows 1, 2
 (and 4) are measured again. Rates are rows / (max(published_at) -
@@ -283,6 +285,7 @@ class Bench:
         self.build = os.path.abspath(args.build)
         self.relay_bin = args.relay or find_bin(self.build, "relay/outbox-relay")
         self.mock_bin = find_bin(self.build, "deploy/local/outbox-mockbroker")
+        self.sweeper_bin = find_bin(self.build, "sweeper/outbox-sweeper")
         self.sqlcycle = find_bin(self.build, "outbox-bench-sqlcycle",
                                  "tests/bench/outbox-bench-sqlcycle")
         self.out_dir = os.path.abspath(args.out)
@@ -343,11 +346,12 @@ class Bench:
 
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
-                    check_order=False, rep=0):
+                    check_order=False, rep=0, prepare=None):
         n = n or self.n
         aggregates = aggregates or self.args.aggregates
         s = self.db.new_table("%s%d" % (name, instances))
         self.db.load(s, n, aggregates)
+        extra = prepare(s) if prepare else {}
         with self.broker(self.args.partitions) as kafka:
             load = loadavg()
             t0 = time.monotonic()
@@ -382,8 +386,42 @@ class Bench:
                    complete=bool(done), wall_s=wall, batches=batches,
                    avg_batch=pub / batches if batches else 0, failed=failed,
                    broker_retained=retained, broker_appended=appended, load_before=load,
-                   **order, **mem)
+                   **order, **mem, **extra)
         return self.record(**res)
+
+    # 7 (not in the issue's list): a poison row with a long queue behind it
+    def blocked(self, park, behind=100000, n=20000):
+        """n events over the usual aggregates, drained by one relay while
+        `behind` versions of another aggregate, due before all of them, wait
+        behind its DEAD version 1; with `park`, one `outbox-sweeper --once`
+        parks them first."""
+        def prepare(s):
+            s.execute("""
+                INSERT INTO {t} (aggregate_type, aggregate_id, aggregate_version, event_type,
+                                 payload_json, status, available_at, last_error_code,
+                                 attempt_count)
+                SELECT 'Order', 'stuck', v, 'OrderChanged', '{{}}',
+                       CASE WHEN v = 1 THEN 'DEAD' ELSE 'PENDING' END,
+                       CASE WHEN v = 1 THEN 'infinity'
+                            ELSE now() - interval '2 hours' + v * interval '1 microsecond' END,
+                       CASE WHEN v = 1 THEN 'INVALID_HEADERS' END,
+                       CASE WHEN v = 1 THEN 1 ELSE 0 END
+                FROM generate_series(1, %(b)s + 1) v""".format(t=s.table), {"b": behind})
+            s.execute("VACUUM (ANALYZE) %s" % s.table)
+            if not park:
+                return {"behind": behind, "parked": 0}
+            t0 = time.monotonic()
+            env = {**os.environ, **s.env(), "OUTBOX_HTTP_ADDR": "off",
+                   "OUTBOX_RETENTION_S": "0", "OUTBOX_LOG_LEVEL": "warn"}
+            r = subprocess.run([self.sweeper_bin, "--once"], env=env, capture_output=True,
+                               text=True, timeout=600)
+            if r.returncode:
+                raise RuntimeError("sweeper: %s" % r.stderr[-2000:])
+            parked = s.execute("SELECT count(*) AS n FROM %s WHERE last_error_code = 'BLOCKED'"
+                               % s.table)[0]["n"]
+            return {"behind": behind, "parked": parked, "sweep_s": time.monotonic() - t0}
+        return self.relay_drain(1, name="blocked", n=n, time_box=300, prepare=prepare,
+                                rep=1 if park else 0)
 
     # 3
     def backlog(self, rows):
@@ -487,6 +525,17 @@ def machine():
 
 # ---------------------------------------------------------------- table
 
+def add_ratios(runs):
+    """Each relay run of row 2 against the ceiling run just before it (same
+    rep, clients = instances, same fsync): r["ratio"]."""
+    for r in runs:
+        if r.get("row") != "relay":
+            continue
+        c = [x for x in runs if x.get("row") == "ceiling" and x["clients"] == r["instances"]
+             and x["fsync"] == r["fsync"] and x.get("rep", 0) == r.get("rep", 0)]
+        r["ratio"] = r["rows_per_s"] / c[-1]["rows_per_s"] if c else float("nan")
+
+
 def table(res):
     runs = res["runs"]
     out = []
@@ -520,10 +569,7 @@ def table(res):
             rs = find(row="relay", instances=i, fsync=fs)
             if not rs:
                 continue
-            # each relay run against the ceiling measured just before it
-            for r in rs:
-                c = one(row="ceiling", clients=i, fsync=fs, rep=r.get("rep", 0))
-                r["ratio"] = r["rows_per_s"] / c["rows_per_s"] if c else float("nan")
+            add_ratios(res["runs"])
             tgt = ">= 0.8 and >= 25k/s" if i == 2 else ""
             cpu = ""
             if all(r.get("relay_cpu_s") for r in rs):
@@ -533,11 +579,12 @@ def table(res):
                 if all(r.get("pg_cpu_s") for r in rs):
                     cpu += ", their PG backends %.0f" % per("pg_cpu_s")
             m = "median " if len(rs) > 1 else ""
-            out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates | %s | %s%.0f rows/s%s, %sratio %.2f%s (avg batch %.0f%s) | %s | %s |"
+            ratio = ("" if all(r["ratio"] != r["ratio"] for r in rs)  # nan: no ceiling run
+                     else ", %sratio %.2f%s" % (m, med(rs, "ratio"), each(rs, "%.2f", "ratio")))
+            out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates | %s | %s%.0f rows/s%s%s (avg batch %.0f%s) | %s | %s |"
                        % (i, "s" if i > 1 else "", rs[0]["events"] // 1000, rs[0]["aggregates"], fs,
-                          m, med(rs, "rows_per_s"), each(rs, "%.0f", "rows_per_s"), m,
-                          med(rs, "ratio"), each(rs, "%.2f", "ratio"), med(rs, "avg_batch"), cpu,
-                          tgt, rs[-1]["load"]))
+                          m, med(rs, "rows_per_s"), each(rs, "%.0f", "rows_per_s"), ratio,
+                          med(rs, "avg_batch"), cpu, tgt, rs[-1]["load"]))
     a, b = one(row="backlog", pending=10000), one(row="backlog", pending=res.get("big_backlog", 1000000))
     if a and b:
         out.append("| 3 | lock one batch: 10k vs %dk pending (median of %d) | off | %.1f ms vs %.1f ms: %.2fx (first lock %.1f vs %.1f ms) | within 2x | %s |"
@@ -556,6 +603,13 @@ def table(res):
         out.append("| 5 | relay RSS during the %dk runs (batch %d) | all | VmHWM %.1f MiB max (VmRSS sampled max %.1f) | < 64 MiB | %s |"
                    % (worst["events"] // 1000, res["batch"], worst["hwm_mib"],
                       max(r["rss_max_mib"] for r in rs), worst["load"]))
+    for r in find(row="blocked"):
+        how = ("after one `outbox-sweeper --once` parked %d of them in %.1f s"
+               % (r["parked"], r["sweep_s"]) if r["parked"] else "no sweeper: nothing parked")
+        out.append("| 7 | %dk events / %d aggregates, 1 instance, %dk versions behind one DEAD row, %s | %s | %.0f rows/s (avg batch %.0f)%s | (document) | %s |"
+                   % (r["events"] // 1000, r["aggregates"], r["behind"] // 1000, how, r["fsync"],
+                      r["rows_per_s"], r["avg_batch"],
+                      "" if r["complete"] else ", time-boxed %.0f s" % r["wall_s"], r["load"]))
     for r in find(row="hot"):
         g2 = ("G2 ok over all %d msgs" % r["read"] if r.get("order_ok")
               else "G2 VIOLATED (%s)" % r.get("order_violations") if "order_ok" in r
@@ -589,7 +643,7 @@ def main():
                     help="size of the extra hot run whose messages are read back for G2 (0: none)")
     ap.add_argument("--hot-seconds", type=float, default=60,
                     help="time box of the hot-aggregate run")
-    ap.add_argument("--only", default="1,2,3,4,5,6", help="rows to measure, e.g. 2,6")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
     ap.add_argument("--repeat", type=int, default=3,
                     help="pairs of (ceiling 2 clients, relay 2 instances) per fsync setting; "
@@ -613,7 +667,8 @@ def main():
                 b.relay_drain(1)
             # The targets' pair, 2 clients against 2 instances, alternated
             # --repeat times: on a shared machine one pair can be 20 % off.
-            for rep in range(args.repeat):
+            # (Row 5 alone needs one relay run, not a series.)
+            for rep in range(args.repeat if "1" in only or "2" in only else 1):
                 if "1" in only or "2" in only:
                     b.ceiling(2, rep=rep)
                 if "2" in only or "5" in only:
@@ -623,6 +678,9 @@ def main():
                 b.backlog(args.big_backlog)
             if "4" in only:
                 b.latency(args.latency_rate, args.latency_seconds)
+            if not fsync_on and "7" in only:
+                for park in (False, True):
+                    b.blocked(park)
             if not fsync_on and "6" in only:
                 # 10 keys use at most 10 partitions: 200k events exceed the mock's
                 # ~5 MiB per partition, so the rate is counted with watermarks and
@@ -635,6 +693,7 @@ def main():
                                   time_box=args.hot_seconds, n=args.hot_check_events,
                                   check_order=True)
     finally:
+        add_ratios(b.results["runs"])
         with open(os.path.join(b.out_dir, "results.json"), "w") as f:
             json.dump(b.results, f, indent=1)
         b.close()
