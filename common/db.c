@@ -783,52 +783,57 @@ int db_delete_published(struct db *db, long long retention_s, int limit, long lo
  * DEAD one of its aggregate can never go before an operator acts, yet it is
  * due, so every lock would step over it. It is parked out of the lock scan's
  * range (available_at 'infinity', code BLOCKED) while its aggregate has a
- * DEAD version below it. The DEAD rows are found in the parked range of the
- * due index; their successors through the guard index. */
+ * DEAD version below it. Each statement reads the parked range of the due
+ * index (DEAD and parked rows) once; parking then walks each DEAD
+ * aggregate's versions in order from above the highest one already parked,
+ * so a long queue is parked in one pass over it, not re-read by every
+ * statement. (A version a relay's lock statement held at that moment, SKIP
+ * LOCKED, stays due behind the parked ones: blocked as before, one row.) */
 int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size) {
         return exec_count(
                 db, "park blocked versions",
-                "WITH dead AS (SELECT tenant_id, aggregate_type, aggregate_id,"
-                "  min(aggregate_version) AS v FROM %1$s"
-                "  WHERE published_at IS NULL AND available_at = 'infinity' AND status = 'DEAD'"
-                "  GROUP BY 1, 2, 3),"
-                " todo AS (SELECT s.outbox_id, d.v FROM dead d JOIN %1$s s"
-                "  ON s.tenant_id = d.tenant_id AND s.aggregate_type = d.aggregate_type"
-                "  AND s.aggregate_id = d.aggregate_id"
-                "  WHERE s.published_at IS NULL AND s.aggregate_version > d.v"
-                "  AND s.status IN ('PENDING', 'FAILED') AND s.available_at <> 'infinity'"
-                "  LIMIT $1 FOR UPDATE OF s SKIP LOCKED)"
+                "WITH dead AS MATERIALIZED (SELECT tenant_id, aggregate_type, aggregate_id,"
+                "  min(aggregate_version) FILTER (WHERE status = 'DEAD') AS v,"
+                "  max(aggregate_version) FILTER (WHERE status <> 'DEAD') AS parked"
+                "  FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity'"
+                "  GROUP BY 1, 2, 3 HAVING bool_or(status = 'DEAD'))"
                 " UPDATE %1$s o SET available_at = 'infinity', last_error_code = 'BLOCKED',"
-                " last_error_message = 'parked behind DEAD version ' || todo.v"
-                "  || ' of its aggregate (unparked when that is requeued, published or"
-                " deleted)',"
+                " last_error_message = 'parked behind a DEAD version of its aggregate"
+                " (due again when that is requeued, published or deleted)',"
                 " updated_at = clock_timestamp()"
-                " FROM todo WHERE o.outbox_id = todo.outbox_id"
+                " WHERE o.outbox_id = ANY (ARRAY("
+                "  SELECT x.outbox_id FROM dead d CROSS JOIN LATERAL ("
+                "   SELECT s.outbox_id FROM %1$s s WHERE s.tenant_id = d.tenant_id"
+                "   AND s.aggregate_type = d.aggregate_type AND s.aggregate_id = d.aggregate_id"
+                "   AND s.published_at IS NULL AND s.aggregate_version > greatest(d.v, d.parked)"
+                "   AND s.status IN ('PENDING', 'FAILED') AND s.available_at <> 'infinity'"
+                "   ORDER BY s.aggregate_version LIMIT $1 FOR UPDATE SKIP LOCKED) x LIMIT $1))"
                 " AND o.status IN ('PENDING', 'FAILED')",
                 1, limit, 0, n, errstr, errstr_size);
 }
 
-/* Puts parked versions back in the lock scan's range (due now) once their
- * aggregate has no DEAD version left, or, with `all` (OUTBOX_ORDERING=none,
- * where nothing blocks), every parked version. */
+/* Puts parked versions back in the lock scan's range (due now) once no DEAD
+ * version of their aggregate is below them, or, with `all`
+ * (OUTBOX_ORDERING=none, where nothing blocks), every parked version. */
 int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
                       size_t errstr_size) {
+        /* One sort of the parked range gives each row the lowest DEAD
+         * version of its aggregate. Both statements hand the rows to the
+         * UPDATE as an array, found by primary key: no join whose plan a
+         * misestimate could turn quadratic. */
         return exec_count(
                 db, "unpark versions",
-                "WITH inf AS MATERIALIZED (SELECT outbox_id, tenant_id, aggregate_type,"
-                "  aggregate_id, status FROM %1$s"
-                "  WHERE published_at IS NULL AND available_at = 'infinity'),"
-                " dead AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM inf"
-                "  WHERE status = 'DEAD'),"
-                " todo AS (SELECT i.outbox_id FROM inf i LEFT JOIN dead d"
-                "  ON d.tenant_id = i.tenant_id AND d.aggregate_type = i.aggregate_type"
-                "  AND d.aggregate_id = i.aggregate_id"
-                "  WHERE i.status IN ('PENDING', 'FAILED') AND (d.aggregate_id IS NULL OR $2 = 1)"
-                "  LIMIT $1)"
-                " UPDATE %1$s o SET available_at = now(), last_error_code = NULL,"
+                "UPDATE %1$s o SET available_at = now(), last_error_code = NULL,"
                 " last_error_message = NULL, updated_at = clock_timestamp()"
-                " FROM todo WHERE o.outbox_id = todo.outbox_id AND o.published_at IS NULL"
-                " AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')",
+                " WHERE o.outbox_id = ANY (ARRAY("
+                "  SELECT outbox_id FROM (SELECT outbox_id, status, aggregate_version,"
+                "   min(aggregate_version) FILTER (WHERE status = 'DEAD')"
+                "    OVER (PARTITION BY tenant_id, aggregate_type, aggregate_id) AS dead_v"
+                "   FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity') inf"
+                "  WHERE status IN ('PENDING', 'FAILED')"
+                "  AND (dead_v IS NULL OR aggregate_version < dead_v OR $2 = 1) LIMIT $1))"
+                " AND o.published_at IS NULL AND o.available_at = 'infinity'"
+                " AND o.status IN ('PENDING', 'FAILED')",
                 2, limit, all ? 1 : 0, n, errstr, errstr_size);
 }
 

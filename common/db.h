@@ -101,11 +101,12 @@ int db_delete_published(struct db *db, long long retention_s, int limit, long lo
 /* Parks PENDING/FAILED versions behind a DEAD version of their aggregate out
  * of the lock scan (available_at 'infinity', last_error_code BLOCKED), at
  * most `limit` per call. */
-int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size);
-/* Makes parked versions due again once their aggregate has no DEAD version
- * (every parked version with `all`), at most `limit` per call. */
+int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+/* Makes parked versions due again once no DEAD version of their aggregate is
+ * below them (every parked version with `all`), at most `limit` per call. */
 int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
-                      size_t errstr_size);
+                      size_t errstr_size) __attribute__((warn_unused_result));
 
 /* One query for the table gauges: counts by status (db_status_names order;
  * PUBLISHED from the statistics collector's live-row count, the others exact) and the age in

@@ -1,6 +1,7 @@
 /* sweeper.c - stale-lock reset and retention delete, in small transactions. */
 #include "sweeper.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -52,6 +53,45 @@ void sweeper_destroy(struct sweeper *s) {
         free(s);
 }
 
+/* Rows per parking statement: parking is one pass over a queue that may be
+ * long, each statement reading the parked range once. */
+#define PARK_BATCH_FACTOR 10
+
+/* Versions behind a DEAD one (docs/contract-changes.md, "Parking"): unpark
+ * first, so a requeued aggregate flows again this sweep, then park. A
+ * failure is logged and the sweep goes on to retention (e.g. a table whose
+ * check 003_park_blocked.sql has not widened yet refuses every park). */
+static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res) {
+        const struct config *cfg = s->cfg;
+        int ordered = cfg->ordering == ORDERING_AGGREGATE;
+        int batch = cfg->delete_batch > INT_MAX / PARK_BATCH_FACTOR
+                            ? INT_MAX
+                            : cfg->delete_batch * PARK_BATCH_FACTOR;
+        char err[512];
+        long long n;
+        do {
+                if (db_unpark_blocked(s->db, !ordered, batch, &n, err, sizeof err) != 0)
+                        goto fail;
+                res->unparked += n;
+                beat(s);
+        } while (n >= batch && !*stop);
+        if (res->unparked)
+                log_info("sweeper", "parked versions due again", "rows=%lld", res->unparked);
+        if (ordered && !*stop)
+                do {
+                        if (db_park_blocked(s->db, batch, &n, err, sizeof err) != 0)
+                                goto fail;
+                        res->parked += n;
+                        beat(s);
+                } while (n >= batch && !*stop);
+        if (res->parked)
+                log_warn("sweeper", "versions parked behind DEAD versions of their aggregate",
+                         "rows=%lld", res->parked);
+        return;
+fail:
+        log_warn("sweeper", "parking failed, going on", "err=%s", log_quote(err));
+}
+
 int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res,
                   char *errstr, size_t errstr_size) {
         const struct config *cfg = s->cfg;
@@ -72,30 +112,9 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
                 log_warn("sweeper", "stale locks returned", "rows=%lld lock_timeout_s=%d",
                          res->stale_reset, cfg->lock_timeout_s);
 
-        /* Versions behind a DEAD one (docs/contract-changes.md, "Parking"):
-         * unpark first, so a requeued aggregate flows again this sweep. */
-        int ordered = cfg->ordering == ORDERING_AGGREGATE;
-        do {
-                if (db_unpark_blocked(s->db, !ordered, cfg->delete_batch, &n, errstr,
-                                      errstr_size) != 0)
-                        return -1;
-                res->unparked += n;
-                beat(s);
-        } while (n >= cfg->delete_batch && !*stop);
-        if (res->unparked)
-                log_info("sweeper", "parked versions due again", "rows=%lld", res->unparked);
-        if (ordered)
-                do {
-                        if (db_park_blocked(s->db, cfg->delete_batch, &n, errstr, errstr_size) != 0)
-                                return -1;
-                        res->parked += n;
-                        beat(s);
-                } while (n >= cfg->delete_batch && !*stop);
-        if (res->parked)
-                log_warn("sweeper", "versions parked behind DEAD versions of their aggregate",
-                         "rows=%lld", res->parked);
-
-        if (cfg->retention_s == 0)
+        if (!*stop)
+                park(s, stop, res);
+        if (cfg->retention_s == 0 || *stop)
                 return 0;
         do {
                 if (db_delete_published(s->db, cfg->retention_s, cfg->delete_batch, &n, errstr,

@@ -27,13 +27,16 @@ struct sweep_result {
 struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *errstr,
                             size_t errstr_size);
 
-/* One sweep on a connected database: resets stale locks, makes parked
- * versions whose aggregate has no DEAD version left due again, parks the
- * versions behind DEAD ones (only under OUTBOX_ORDERING=aggregate; under none
- * it unparks every parked version), then (unless retention is 0) deletes PUBLISHED rows past
- * retention in statements of at most OUTBOX_DELETE_BATCH rows, each its own transaction, until a
- * statement deletes fewer than that or *stop is set. *res gets what was done, also on failure. 0,
- * or -1 with errstr set (the connection may have been dropped). */
+/* One sweep on a connected database: resets stale locks; makes parked
+ * versions due again where no DEAD version of their aggregate is below them,
+ * and parks the versions behind DEAD ones (only under OUTBOX_ORDERING=
+ * aggregate; under none it makes every parked version due), in statements
+ * of 10 x OUTBOX_DELETE_BATCH rows, a failure there logged and passed over;
+ * then (unless retention is 0) deletes PUBLISHED rows past retention in
+ * statements of at most OUTBOX_DELETE_BATCH rows, each its own transaction,
+ * until a statement deletes fewer than that. After *stop is set, no new step
+ * starts. *res gets what was done, also on failure. 0, or -1 with errstr set
+ * (the connection may have been dropped). */
 int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res,
                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 

@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS outbox_event (
     CONSTRAINT outbox_event_parked_check
         CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
                OR available_at <> 'infinity'
-               OR (status <> 'PUBLISHING' AND last_error_code IS NOT DISTINCT FROM 'BLOCKED'))
+               OR (status <> 'PUBLISHING'
+                   AND last_error_code IS NOT DISTINCT FROM 'BLOCKED'))
 ) WITH (fillfactor = 50);
 
 -- No index mentions status, locked_by, locked_at, last_attempt_at,

@@ -6,9 +6,13 @@
 --
 -- Safe to apply twice, and a no-op on a table the current 001 created. The
 -- new check only allows more than the old one, so existing rows meet it: it
--- is added NOT VALID (no table scan, a brief lock), and relays may keep
--- running. `ALTER TABLE outbox_event VALIDATE CONSTRAINT
--- outbox_event_parked_check` checks the old rows too, if wanted.
+-- is added NOT VALID (no table scan), and relays may keep running. It still
+-- needs a moment's exclusive lock on the table, which waits for open
+-- transactions that wrote to it and holds up later writers meanwhile: the
+-- lock_timeout below gives up after 5 s instead (apply it again then).
+-- `ALTER TABLE outbox_event VALIDATE CONSTRAINT outbox_event_parked_check`
+-- checks the old rows too, if wanted. Apply it before upgrading the sweeper:
+-- until then, the new sweeper's parking step fails (logged, retention goes on).
 
 DO $$
 DECLARE
@@ -20,10 +24,12 @@ BEGIN
         AND pg_get_constraintdef(oid) LIKE '%BLOCKED%') THEN
         RETURN;
     END IF;
+    SET LOCAL lock_timeout = '5s';
     ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_parked_check;
     ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_parked_check
         CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
                OR available_at <> 'infinity'
-               OR (status <> 'PUBLISHING' AND last_error_code IS NOT DISTINCT FROM 'BLOCKED')) NOT VALID;
+               OR (status <> 'PUBLISHING'
+                   AND last_error_code IS NOT DISTINCT FROM 'BLOCKED')) NOT VALID;
 END
 $$;
