@@ -151,7 +151,6 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
         if (ev->topic_name && *ev->topic_name)
                 return buf_append(out, ev->topic_name, strlen(ev->topic_name));
         for (const char *p = template; *p;) {
-                size_t run = strcspn(p + 1, "{") + 1; /* up to the next '{' after p */
                 size_t i = sizeof ph / sizeof ph[0];
                 if (*p == '{')
                         for (i = 0; i < sizeof ph / sizeof ph[0]; i++)
@@ -163,6 +162,7 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
                                 return -1;
                         p += ph[i].len;
                 } else {
+                        size_t run = strcspn(p + 1, "{") + 1; /* up to the next '{' after p */
                         if (buf_append(out, p, run) != 0)
                                 return -1;
                         p += run;

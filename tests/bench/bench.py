@@ -564,12 +564,12 @@ def table(res):
                            % (c, "s" if c > 1 else "", fs, "median " if len(cs) > 1 else "",
                               med(cs, "rows_per_s"), each(cs, "%.0f", "rows_per_s"),
                               med(cs, "lock_ms_avg"), med(cs, "mark_ms_avg"), cs[-1]["load"]))
+    add_ratios(runs)
     for fs in ("off", "on"):
         for i in (1, 2):
             rs = find(row="relay", instances=i, fsync=fs)
             if not rs:
                 continue
-            add_ratios(res["runs"])
             tgt = ">= 0.8 and >= 25k/s" if i == 2 else ""
             cpu = ""
             if all(r.get("relay_cpu_s") for r in rs):

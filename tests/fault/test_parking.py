@@ -2,7 +2,7 @@
 their aggregate are due rows that every lock statement would step over, one
 guard probe each, on every batch. The sweeper parks them out of the lock
 scan's range (available_at 'infinity', last_error_code BLOCKED) and makes them
-due again once their aggregate has no DEAD version left: requeued, deleted or
+due again once no DEAD version of their aggregate is below them: requeued, deleted or
 published by hand. Nothing is lost and G2 holds on Kafka through it all."""
 import re
 
@@ -11,17 +11,11 @@ import pytest
 
 from conftest import actor_env, check_audit, check_kafka, relay_env
 from harness import Relay, header, make_events, wait_until
+from test_poison import row
 from test_requeue import outboxctl
 
 BLOCKED = ("status = 'PENDING' AND available_at = 'infinity'"
            " AND last_error_code = 'BLOCKED'")
-
-
-def row(agg, v, **kw):
-    r = {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": v,
-         "event_type": "E", "payload_json": {"agg": agg, "v": v}}
-    r.update(kw)
-    return r
 
 
 def sweep(db, tmp_path, name, **extra):
