@@ -887,6 +887,10 @@ long db_connects(const struct db *db) {
         return db->connects;
 }
 
+int db_backend_pid(const struct db *db) {
+        return db->conn ? PQbackendPID(db->conn) : 0;
+}
+
 int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr,
                      size_t errstr_size) {
         char m[24];

@@ -78,6 +78,9 @@ int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char
  * connection was replaced (and what it had sent may have been lost). */
 long db_connects(const struct db *db);
 
+/* The server process serving the connection (0 when not connected). */
+int db_backend_pid(const struct db *db);
+
 /* Takes back the rows this relay id holds in PUBLISHING: call only with no
  * batch in flight (after a reconnect, or at start after a crash of a process
  * with the same id). They go FAILED with STALE_LOCK, due now, or DEAD when

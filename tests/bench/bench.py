@@ -111,11 +111,13 @@ class Db:
 
     @staticmethod
     def drain_stats(s):
-        """(published rows, seconds between first lock and last mark)."""
+        """(published rows, seconds between first lock and last mark, seconds
+        between first lock and first mark)."""
         r = s.execute("SELECT count(*) AS n, extract(epoch FROM max(published_at)"
-                      " - min(last_attempt_at))::float8 AS secs FROM %s"
-                      " WHERE status = 'PUBLISHED'" % s.table)[0]
-        return r["n"], r["secs"] or 0.0
+                      " - min(last_attempt_at))::float8 AS secs,"
+                      " extract(epoch FROM min(published_at) - min(last_attempt_at))::float8"
+                      " AS first FROM %s WHERE status = 'PUBLISHED'" % s.table)[0]
+        return r["n"], r["secs"] or 0.0, r["first"] or 0.0
 
     def drop_all(self):
         for s in self.schemas:
@@ -336,13 +338,14 @@ class Bench:
         if r.returncode:
             raise RuntimeError("sqlcycle: %s" % r.stderr)
         kv = dict(x.split("=", 1) for x in r.stdout.split())
-        n, secs = self.db.drain_stats(s)
+        n, secs, first = self.db.drain_stats(s)
         s.drop()
         return self.record(row="ceiling", clients=clients, rep=rep, rows=n, seconds=secs,
-                           rows_per_s=n / secs, load_before=load,
+                           rows_per_s=n / secs, first_mark_s=first, load_before=load,
                            wall_rows_per_s=float(kv["rows_per_s"]),
                            lock_ms_avg=float(kv["lock_ms_avg"]),
-                           mark_ms_avg=float(kv["mark_ms_avg"]))
+                           mark_ms_avg=float(kv["mark_ms_avg"]),
+                           pg_cpu_s=float(kv["backend_cpu_s"]))
 
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
@@ -366,7 +369,9 @@ class Bench:
             mem["pg_cpu_s"] = pg_cpu
             wall = time.monotonic() - t0
             mem["broker_cpu_s"] = RssSampler.cpu_s(kafka.proc.pid)
-            pub, secs = self.db.drain_stats(s)
+            pub, secs, first = self.db.drain_stats(s)
+            log("%s x%d: first mark %.2fs after the first lock, last after %.2fs"
+                % (name, instances, first, secs))
             retained, appended = broker_counts(kafka.bootstrap, TOPIC)
             order = {}
             if retained < appended:
@@ -383,6 +388,7 @@ class Bench:
         s.drop()
         res = dict(row=name, instances=instances, rep=rep, aggregates=aggregates, events=n,
                    rows=pub, seconds=secs, rows_per_s=pub / secs if secs else 0,
+                   first_mark_s=first,
                    complete=bool(done), wall_s=wall, batches=batches,
                    avg_batch=pub / batches if batches else 0, failed=failed,
                    broker_retained=retained, broker_appended=appended, load_before=load,

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "db.h"
@@ -32,6 +33,7 @@ struct client {
         pthread_t th;
         long long rows, batches, empty;
         double lock_s, mark_s;
+        double backend_cpu_s; /* the client's PostgreSQL backend, read at the end */
 };
 
 /* One lock+mark cycle; returns rows locked or -1. */
@@ -77,6 +79,27 @@ static struct db *open_db(int id) {
         return db;
 }
 
+/* CPU seconds (user + system) a process on this machine has used so far. */
+static double process_cpu_s(int pid) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+                return 0;
+        char line[1024];
+        double s = 0;
+        if (fgets(line, sizeof line, f)) {
+                /* fields 14 and 15 (utime, stime) count from after the ")" */
+                const char *p = strrchr(line, ')');
+                unsigned long long ut, st;
+                if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                                &st) == 2)
+                        s = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+        }
+        fclose(f);
+        return s;
+}
+
 static void *drain(void *arg) {
         struct client *c = arg;
         struct db *db = open_db(c->id);
@@ -104,6 +127,8 @@ static void *drain(void *arg) {
                 atomic_fetch_add(&marked, n);
         }
 out:
+        if (db && db_backend_pid(db))
+                c->backend_cpu_s = process_cpu_s(db_backend_pid(db));
         free(outs);
         db_destroy(db);
         return NULL;
@@ -188,7 +213,7 @@ int main(int argc, char **argv) {
                 }
         }
         long long rows = 0, batches = 0, empty = 0;
-        double lock_s = 0, mark_s = 0;
+        double lock_s = 0, mark_s = 0, backend_cpu_s = 0;
         for (int i = 0; i < clients; i++) {
                 pthread_join(cs[i].th, NULL);
                 rows += cs[i].rows;
@@ -196,15 +221,16 @@ int main(int argc, char **argv) {
                 empty += cs[i].empty;
                 lock_s += cs[i].lock_s;
                 mark_s += cs[i].mark_s;
+                backend_cpu_s += cs[i].backend_cpu_s;
         }
         double el = clock_mono_s() - t0;
         free(cs);
         if (atomic_load(&failed))
                 return 1;
         printf("clients=%d rows=%lld seconds=%.3f rows_per_s=%.0f batches=%lld empty_locks=%lld "
-               "lock_ms_avg=%.3f mark_ms_avg=%.3f\n",
+               "lock_ms_avg=%.3f mark_ms_avg=%.3f backend_cpu_s=%.2f\n",
                clients, rows, el, (double)rows / el, batches, empty,
                batches ? lock_s * 1e3 / (double)batches : 0.0,
-               batches ? mark_s * 1e3 / (double)batches : 0.0);
+               batches ? mark_s * 1e3 / (double)batches : 0.0, backend_cpu_s);
         return 0;
 }
