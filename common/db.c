@@ -24,6 +24,10 @@ struct db {
         char *channel;      /* schema.table */
         long connects;      /* successful db_connect() calls */
         double topup_after; /* monotonic time before which lock_heads is skipped */
+        /* db_lock_send() sent this lock statement; db_lock_receive() owes its
+         * result before the connection takes anything else */
+        const char *lock_sent;
+        int lock_limit, lock_top_up;
 };
 
 /* Columns every locked row returns, in struct outbox_event order. headers is
@@ -89,6 +93,7 @@ void db_disconnect(struct db *db) {
         if (db->conn)
                 PQfinish(db->conn);
         db->conn = NULL;
+        db->lock_sent = NULL;
         free(db->qtable);
         free(db->channel);
         db->qtable = db->channel = NULL;
@@ -404,12 +409,24 @@ out:
         return rc;
 }
 
-/* Runs one lock statement; the result (or NULL with errstr set). */
-static PGresult *run_lock(struct db *db, const char *stmt, int limit, char *errstr, size_t size) {
+/* Sends one lock statement without waiting for it. */
+static int send_lock(struct db *db, const char *stmt, int limit, char *errstr, size_t size) {
         char lim[16];
         const char *params[2] = {lim, db->relay_id};
         snprintf(lim, sizeof lim, "%d", limit);
-        PGresult *r = PQexecPrepared(db->conn, stmt, 2, params, NULL, NULL, 0);
+        if (!PQsendQueryPrepared(db->conn, stmt, 2, params, NULL, NULL, 0)) {
+                errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
+                check_conn(db);
+                return -1;
+        }
+        return 0;
+}
+
+/* Waits for the result of the lock statement sent last (NULL with errstr set). */
+static PGresult *get_lock(struct db *db, const char *stmt, char *errstr, size_t size) {
+        PGresult *r = PQgetResult(db->conn), *more;
+        while ((more = PQgetResult(db->conn)) != NULL)
+                PQclear(more);
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
                 errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 PQclear(r);
@@ -467,32 +484,57 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
 #undef S
 }
 
-/* The results behind a batch. */
+/* The results behind a batch: the lock statement's, a top-up's, and
+ * db_lock_more()'s. */
+#define BATCH_RESULTS_MAX 3
 struct batch_results {
-        PGresult *r[2];
+        PGresult *r[BATCH_RESULTS_MAX];
+        int n;
 };
 
-int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
-                  char *errstr, size_t errstr_size) {
+int db_lock_send(struct db *db, int limit, int ordering_aggregate, int top_up, char *errstr,
+                 size_t errstr_size) {
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        if (db->lock_sent)
+                return errstr_set(errstr, errstr_size, "a lock statement is in flight");
+        const char *stmt = ordering_aggregate ? "lock_runs" : "lock_unordered";
+        if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
+                return -1;
+        db->lock_sent = stmt;
+        db->lock_limit = limit;
+        db->lock_top_up = ordering_aggregate && top_up;
+        return 0;
+}
+
+int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t errstr_size) {
         struct batch_results *br = NULL;
+        const char *stmt = db->lock_sent;
         memset(out, 0, sizeof *out);
+        if (!stmt)
+                return errstr_set(errstr, errstr_size, "no lock statement in flight");
+        db->lock_sent = NULL;
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
         br = calloc(1, sizeof *br);
-        if (!br)
+        if (!br) {
+                /* the statement's result must still be read off the wire */
+                PGresult *r;
+                while ((r = PQgetResult(db->conn)) != NULL)
+                        PQclear(r);
                 return errstr_set(errstr, errstr_size, "out of memory");
-        br->r[0] = run_lock(db, ordering_aggregate ? "lock_runs" : "lock_unordered", limit, errstr,
-                            errstr_size);
+        }
+        br->r[0] = get_lock(db, stmt, errstr, errstr_size);
         if (!br->r[0])
                 goto fail;
-        int n0 = PQntuples(br->r[0]);
+        int limit = db->lock_limit, n0 = PQntuples(br->r[0]);
         /* A short batch under the guard: the window may have been full of
          * blocked versions, with heads of other aggregates behind them. Top
          * it up with the classic guard; after a top-up that found nothing,
          * not again for a second (its scan steps over every blocked row). */
-        if (ordering_aggregate && n0 < limit && clock_mono_s() >= db->topup_after) {
-                br->r[1] = run_lock(db, "lock_heads", limit - n0, errstr, errstr_size);
-                if (!br->r[1])
+        if (db->lock_top_up && n0 < limit && clock_mono_s() >= db->topup_after) {
+                if (send_lock(db, "lock_heads", limit - n0, errstr, errstr_size) != 0 ||
+                    !(br->r[1] = get_lock(db, "lock_heads", errstr, errstr_size)))
                         goto fail; /* r[0]'s rows stay PUBLISHING: the relay takes them back */
                 if (PQntuples(br->r[1]) == 0)
                         db->topup_after = clock_mono_s() + 1.0;
@@ -515,6 +557,7 @@ int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_ba
         fill_events(br->r[0], out->events);
         if (br->r[1])
                 fill_events(br->r[1], out->events + n0);
+        br->n = br->r[1] ? 2 : 1;
         out->count = n;
         out->priv = br;
         return 0;
@@ -525,13 +568,58 @@ fail:
         return -1;
 }
 
+int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
+                  char *errstr, size_t errstr_size) {
+        memset(out, 0, sizeof *out);
+        if (db_lock_send(db, limit, ordering_aggregate, 1, errstr, errstr_size) != 0)
+                return -1;
+        return db_lock_receive(db, out, errstr, errstr_size);
+}
+
+int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_batch *b, char *errstr,
+                 size_t errstr_size) {
+        struct batch_results *br = b->priv;
+        if (!br || br->n == BATCH_RESULTS_MAX || limit <= 0)
+                return 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        const char *stmt = ordering_aggregate ? "lock_runs" : "lock_unordered";
+        PGresult *r = NULL;
+        if (send_lock(db, stmt, limit, errstr, errstr_size) != 0 ||
+            !(r = get_lock(db, stmt, errstr, errstr_size)))
+                return -1;
+        size_t add = (size_t)PQntuples(r);
+        struct outbox_event *ev =
+                add ? realloc(b->events, (b->count + add) * sizeof *b->events) : NULL;
+        if (!ev) {
+                PQclear(r);
+                /* rows it locked stay PUBLISHING: the relay takes them back */
+                return add ? errstr_set(errstr, errstr_size, "out of memory for %zu rows", add) : 0;
+        }
+        /* the events point into the results, which stay where they are */
+        b->events = ev;
+        fill_events(r, ev + b->count);
+        b->count += add;
+        br->r[br->n++] = r;
+        return 0;
+}
+
+int db_lock_in_flight(const struct db *db) {
+        return db->lock_sent != NULL;
+}
+
+int db_lock_poll(struct db *db) {
+        /* a lost connection shows in db_lock_receive() */
+        return db->lock_sent && db->conn && PQconsumeInput(db->conn) && PQisBusy(db->conn);
+}
+
 void db_batch_clear(struct db_batch *b) {
         if (!b)
                 return;
         struct batch_results *br = b->priv;
         if (br) {
-                PQclear(br->r[0]);
-                PQclear(br->r[1]);
+                for (int i = 0; i < BATCH_RESULTS_MAX; i++)
+                        PQclear(br->r[i]);
                 free(br);
         }
         free(b->events);

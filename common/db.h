@@ -64,6 +64,29 @@ void db_disconnect(struct db *db);
 int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
                   char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
+/* db_lock_batch() in two halves, so the caller can work while the server
+ * locks: db_lock_send() sends the statement, db_lock_receive() waits for its
+ * rows (and tops a short batch up, as db_lock_batch() does). Between the two
+ * the connection takes nothing else; db_lock_receive() must follow every
+ * successful db_lock_send() (it fails at once if the connection was lost). */
+int db_lock_send(struct db *db, int limit, int ordering_aggregate, int top_up, char *errstr,
+                 size_t errstr_size) __attribute__((warn_unused_result));
+int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+/* Adds at most `limit` more due rows to a batch of db_lock_batch() or
+ * db_lock_receive() (one more lock statement, no top-up; at most once). The
+ * guard keeps them apart: none is a later version of a row already in `b`
+ * (that row is PUBLISHING), so each aggregate's rows stay together. */
+int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_batch *b, char *errstr,
+                 size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Nonzero between db_lock_send() and db_lock_receive(). */
+int db_lock_in_flight(const struct db *db);
+/* Reads what has arrived of the lock statement's result without waiting, so
+ * the server can finish (and commit) it while the caller does other work.
+ * Nonzero while more is to come. */
+int db_lock_poll(struct db *db);
+
 void db_batch_clear(struct db_batch *b);
 
 /* Marks outcomes: one statement (its own transaction) per status, fenced by

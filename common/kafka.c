@@ -243,14 +243,17 @@ void kafka_poll(struct kafka *k, int timeout_ms) {
         rd_kafka_poll(k->rk, timeout_ms);
 }
 
-void kafka_wait(struct kafka *k, int timeout_ms) {
+void kafka_wait(struct kafka *k, int timeout_ms, int (*tick)(void *), void *arg) {
         double deadline = clock_mono_s() + timeout_ms / 1000.0;
         while (k->outstanding > 0) {
                 double left = deadline - clock_mono_s();
+                double slice = tick ? KAFKA_TICK_MS / 1000.0 : 0.5;
                 if (left <= 0)
                         break;
                 /* flush sends at once, ignoring linger.ms, and serves callbacks */
-                rd_kafka_flush(k->rk, left > 0.5 ? 500 : (int)(left * 1000) + 1);
+                rd_kafka_flush(k->rk, (int)((left > slice ? slice : left) * 1000) + 1);
+                if (tick && !tick(arg))
+                        tick = NULL;
         }
         if (k->outstanding > 0) {
                 log_warn("kafka", "delivery wait timed out, purging", "outstanding=%d",

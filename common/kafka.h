@@ -51,8 +51,11 @@ void kafka_poll(struct kafka *k, int timeout_ms);
 /* Waits until every queued message has had its callback, or timeout_ms.
  * Messages still outstanding then are purged, and their callbacks (with
  * _PURGE_QUEUE / _PURGE_INFLIGHT, retriable) are served before returning,
- * so no callback for them comes later. */
-void kafka_wait(struct kafka *k, int timeout_ms);
+ * so no callback for them comes later. With `tick`, it is called about every
+ * KAFKA_TICK_MS meanwhile (e.g. to read another connection's input) until it
+ * returns 0. */
+#define KAFKA_TICK_MS 10
+void kafka_wait(struct kafka *k, int timeout_ms, int (*tick)(void *), void *arg);
 
 /* Messages not yet reported. */
 int kafka_outstanding(struct kafka *k);

@@ -21,6 +21,14 @@
 #define SAMPLE_INTERVAL_S 10.0
 /* After a stop request, how long marking may keep retrying a lost database. */
 #define STOP_MARK_GRACE_S 30.0
+/* A batch locked ahead (while the one before it was published) goes out only
+ * if its lock is at most this old; older (the batch before it waited for a
+ * broker), it is released unproduced and locked again later, so no lock lives
+ * much longer than one batch's delivery timeout (which OUTBOX_LOCK_TIMEOUT_S
+ * must outlast). */
+#define PREFETCH_MAX_AGE_S 5.0
+/* After a lock ahead found nothing, how long not to try again. */
+#define PREFETCH_PAUSE_S 1.0
 
 /* What happened to one row of the batch. */
 struct row_state {
@@ -42,6 +50,12 @@ struct relay {
         struct kafka *kafka;
         unsigned seed;
         struct db_batch batch;
+        /* the next batch, locked while `batch` was being published */
+        struct db_batch next;
+        int have_next;
+        long next_connects;    /* db_connects() when `next` was locked */
+        double next_locked_at; /* when its lock statement was sent */
+        double prefetch_after; /* no lock ahead before this (monotonic) */
         struct row_state *rows;
         struct db_outcome *outs;
         struct buf topic, value, scratch;
@@ -131,6 +145,7 @@ void relay_destroy(struct relay *r) {
                 return;
         kafka_destroy(r->kafka);
         db_batch_clear(&r->batch);
+        db_batch_clear(&r->next);
         db_destroy(r->db);
         if (r->rows)
                 for (int i = 0; i < r->cfg->batch_size; i++)
@@ -227,6 +242,14 @@ static void produce_row(struct relay *r, size_t i) {
                 metrics_observe(M_EVENT_SIZE, (double)value_len);
 }
 
+/* kafka_wait() tick: reads the lock ahead's rows as they come, so the
+ * server finishes its transaction (row locks, snapshot) without waiting for
+ * the delivery reports. */
+static int poll_next(void *arg) {
+        struct relay *r = arg;
+        return db_lock_poll(r->db);
+}
+
 /* librdkafka's own message timeout may report up to about a second late
  * (timeout scans); messages sent just before every broker went away are not
  * timed out at all by the idempotent producer until it reconnects. Past the
@@ -239,7 +262,8 @@ static void produce_row(struct relay *r, size_t i) {
  * acknowledged, the wave's others fail and the producer is rebuilt. */
 static int await_reports(struct relay *r, int wave) {
         char err[512];
-        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS);
+        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS,
+                   db_lock_in_flight(r->db) ? poll_next : NULL, r);
         if (r->http)
                 http_heartbeat(r->http);
         for (size_t i = 0; i < r->batch.count; i++)
@@ -410,18 +434,93 @@ static int assign_waves(struct relay *r) {
         return waves;
 }
 
-/* One batch: lock, produce wave by wave, wait, mark. Returns rows locked, or -1. */
+/* Hands the rows of r->next back unproduced (DB_RELEASED: the attempt does
+ * not count). -1 when they could not be marked before a stop. */
+static int release_next(struct relay *r, volatile sig_atomic_t *stop) {
+        size_t n = r->next.count;
+        for (size_t i = 0; i < n; i++) {
+                memset(&r->outs[i], 0, sizeof r->outs[i]);
+                r->outs[i].outbox_id = r->next.events[i].outbox_id;
+                r->outs[i].status = DB_RELEASED;
+        }
+        int rc = mark_batch(r, n, stop);
+        if (rc != 0)
+                r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
+        db_batch_clear(&r->next);
+        r->have_next = 0;
+        return rc;
+}
+
+/* Moves the batch locked ahead into r->batch when it may still go out; 1 if
+ * it did. Its rows were taken back if the connection it was locked on was
+ * replaced since (take_back_own()); a batch held too long goes back. */
+static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
+        if (!r->have_next)
+                return 0;
+        if (db_connects(r->db) != r->next_connects) {
+                db_batch_clear(&r->next);
+                r->have_next = 0;
+                return 0;
+        }
+        if (clock_mono_s() - r->next_locked_at > PREFETCH_MAX_AGE_S) {
+                log_warn("relay", "releasing a batch locked ahead: held too long", "rows=%zu",
+                         r->next.count);
+                release_next(r, stop);
+                return 0;
+        }
+        r->batch = r->next;
+        memset(&r->next, 0, sizeof r->next);
+        r->have_next = 0;
+        /* Locked ahead, the batch may have come short: versions whose
+         * predecessors were still in flight. Now that those may be marked,
+         * fill it up (each batch costs a produce request per partition). */
+        if (r->batch.count < (size_t)r->cfg->batch_size) {
+                char err[512];
+                if (db_lock_more(r->db, r->cfg->batch_size - (int)r->batch.count,
+                                 r->cfg->ordering == ORDERING_AGGREGATE, &r->batch, err,
+                                 sizeof err) != 0)
+                        log_warn("db", "filling up a batch locked ahead failed", "err=%s",
+                                 log_quote(err));
+        }
+        return 1;
+}
+
+/* Collects the rows of the lock statement sent ahead (at `sent`) into r->next. */
+static void receive_next(struct relay *r, double sent) {
+        char err[512];
+        if (db_lock_receive(r->db, &r->next, err, sizeof err) != 0) {
+                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                return;
+        }
+        if (r->next.count == 0) {
+                r->prefetch_after = clock_mono_s() + PREFETCH_PAUSE_S;
+                return;
+        }
+        r->have_next = 1;
+        r->next_connects = db_connects(r->db);
+        r->next_locked_at = sent;
+}
+
+/* One batch: lock (or take the batch locked ahead), lock the next one ahead
+ * while this one is produced wave by wave and acknowledged, mark. Returns
+ * rows locked, or -1. The guard keeps the two batches apart: a version whose
+ * predecessor is in this batch is not ready for the next. */
 static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         char err[512];
         double started = clock_mono_s();
-        if (db_lock_batch(r->db, r->cfg->batch_size, r->cfg->ordering == ORDERING_AGGREGATE,
-                          &r->batch, err, sizeof err) != 0) {
+        int ordering = r->cfg->ordering == ORDERING_AGGREGATE;
+        if (!take_next(r, stop) &&
+            db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err, sizeof err) != 0) {
                 log_warn("db", "lock batch failed", "err=%s", log_quote(err));
                 return -1;
         }
         size_t n = r->batch.count;
         if (n == 0)
                 return 0;
+        double ahead_sent = clock_mono_s();
+        if (!*stop && ahead_sent >= r->prefetch_after &&
+            db_lock_send(r->db, r->cfg->batch_size, ordering, 0, err, sizeof err) != 0)
+                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
         int waves = assign_waves(r);
         int rc = 0;
         for (int w = 0; w < waves; w++) {
@@ -439,6 +538,8 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
                 if (rc == 0)
                         rc = await_reports(r, w);
         }
+        if (db_lock_in_flight(r->db))
+                receive_next(r, ahead_sent);
         build_outcomes(r, clock_wall_s());
         if (mark_batch(r, n, stop) != 0) {
                 r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
@@ -485,7 +586,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                 sample_table(r);
                 long n = run_batch(r, stop);
                 if (n < 0 && !r->kafka)
-                        return 1; /* the producer could not be rebuilt */
+                        break; /* the producer could not be rebuilt */
                 if (n > 0)
                         continue; /* more may be due at once (next versions, backlog) */
                 if (n < 0)
@@ -495,6 +596,8 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                         log_warn("db", "connection lost while idle", NULL);
                 kafka_poll(r->kafka, 0);
         }
+        if (r->have_next)
+                release_next(r, stop);
         log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
-        return r->unmarked ? 1 : 0;
+        return r->unmarked || !r->kafka ? 1 : 0;
 }

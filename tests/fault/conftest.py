@@ -195,6 +195,9 @@ class Audit:
         # the relay restores attempt_count, so attempts = locks - unattempted.
         self.unattempted = collections.Counter()
         self.failed = []                            # audit rows of marks to FAILED by relays
+        # relay id -> most rows it held at once (above OUTBOX_BATCH_SIZE: it
+        # locked the next batch while publishing one)
+        self.max_held = collections.Counter()
 
     @property
     def lock_count(self):
@@ -206,6 +209,7 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
     caller asserts not audit.violations."""
     a = Audit()
     holder = {}   # outbox_id -> (locked_by, locked_at ts)
+    held_now = collections.Counter()  # relay id -> rows it holds at this point
     published = set()
     for r in audit_rows(db):
         oid, actor = r["outbox_id"], r["actor"]
@@ -227,8 +231,13 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
                 a.relocked_after_stale.add(oid)
             holder[oid] = (r["new_locked_by"], r["ts"], r["attempt_count"])
             a.locks[oid] += 1
+            held_now[r["new_locked_by"]] += 1
+            a.max_held[r["new_locked_by"]] = max(a.max_held[r["new_locked_by"]],
+                                                 held_now[r["new_locked_by"]])
         elif r["old_status"] == "PUBLISHING":
             held = holder.pop(oid, None)
+            if held is not None:
+                held_now[held[0]] -= 1
             if held is None or held[0] != r["old_locked_by"]:
                 a.violations.append("%s: released lock of %s that the audit never saw taken"
                                     % (where, r["old_locked_by"]))

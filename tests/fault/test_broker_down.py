@@ -156,3 +156,47 @@ def test_row_updated_in_flight_is_still_marked(db, own_kafka, tmp_path, report):
     assert len(kc.ids) == len(table)
     report("%d rows updated by an operator while in flight: all PUBLISHED on their first "
            "attempt, no lock lost, every event once on Kafka", len(rows))
+
+
+def test_batch_locked_ahead_is_released_when_held_too_long(db, own_kafka, tmp_path, report):
+    """The relay locks its next batch while one is in flight. With the broker
+    down, the batch in flight waits out a delivery timeout longer than the
+    relay keeps a batch locked ahead (5 s): that batch goes back unproduced,
+    its attempt not counted, and is locked again later. Nothing is lost, and
+    order holds."""
+    kafka = own_kafka
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    env = relay_env(db, kafka, "r-ahead", OUTBOX_BATCH_SIZE=100, OUTBOX_MAX_ATTEMPTS=50,
+                    OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=7000)
+    warm = make_events(aggregates=5, versions=1, id_prefix="w")
+    db.insert_events(warm)
+    with Relay("outbox-relay", name="r-ahead", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
+                   what="warm-up rows PUBLISHED")
+        kafka.down()
+        rows = make_events(aggregates=300, versions=2, id_prefix="a")
+        db.insert_events(rows)
+        wait_until(lambda: check_audit(db).releases[("relay", "RELEASED")] > 0, 30,
+                   what="a batch locked ahead released while the broker is down")
+        kafka.up()
+        counts = wait_quiet(db, 90, "all rows PUBLISHED after the broker came back")
+        assert relay.stop() == 0
+        log = relay.log_text()
+    assert counts["PUBLISHED"] == len(warm) + len(rows), counts
+    assert "releasing a batch locked ahead: held too long" in log
+
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    assert all(r["attempt_count"] == audit.locks[r["outbox_id"]] - audit.unattempted[r["outbox_id"]]
+               for r in table)
+    released = audit.releases[("relay", "RELEASED")]
+    assert released >= 100, audit.releases
+    dup_ok = {oid for oid, n in audit.locks.items() if n > 1}
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=dup_ok)
+    assert not problems, problems
+    assert len(kc.ids) == len(table)
+    report("broker down past a 7s delivery timeout: %d rows locked ahead went back unattempted "
+           "(attempt_count restored); all %d PUBLISHED after up; kafka: %d messages, order ok",
+           released, len(table), len(kc.msgs))
