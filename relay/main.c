@@ -1,4 +1,6 @@
 /* outbox-relay: publishes PostgreSQL outbox rows to Kafka (DESIGN.md). */
+#include <malloc.h>
+
 #include "kafka.h"
 #include "lifecycle.h"
 #include "log.h"
@@ -8,6 +10,14 @@ int main(int argc, char **argv) {
         struct lifecycle lc;
         struct relay *relay = NULL;
         char err[512];
+
+        /* No fastbins: a batch frees thousands of small blocks at once (the
+         * messages' headers, after their delivery reports), and the next
+         * large allocation (a libpq result) then made glibc consolidate
+         * them all, every batch. Without fastbins the frees coalesce as they
+         * come; the malloc share of the main thread falls (RESULTS.md). A
+         * failure only leaves glibc's default. */
+        (void)mallopt(M_MXFAST, 0);
 
         int rc = lifecycle_start(&lc, CONFIG_RELAY, argc, argv, kafka_conf_check);
         if (rc < 0) {
