@@ -422,12 +422,21 @@ static int send_lock(struct db *db, const char *stmt, int limit, char *errstr, s
         return 0;
 }
 
-/* Waits for the result of the lock statement sent last (NULL with errstr set). */
+/* Waits for the result of the lock statement sent last (NULL with errstr set).
+ * An error after the rows (the statement commits at its end, and may fail
+ * there, or the connection may be lost before) wins, as in PQexecPrepared(). */
 static PGresult *get_lock(struct db *db, const char *stmt, char *errstr, size_t size) {
         PGresult *r = PQgetResult(db->conn), *more;
-        while ((more = PQgetResult(db->conn)) != NULL)
-                PQclear(more);
-        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS) {
+        while ((more = PQgetResult(db->conn)) != NULL) {
+                if (PQresultStatus(more) == PGRES_TUPLES_OK) {
+                        PQclear(more);
+                        continue;
+                }
+                PQclear(r);
+                r = more;
+        }
+        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS ||
+            PQstatus(db->conn) != CONNECTION_OK) {
                 errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 PQclear(r);
                 check_conn(db);

@@ -70,6 +70,9 @@ struct relay {
         int reconnect_ms;
         long seen_connects; /* db_connects() when own locks were last checked */
         int unmarked;       /* a batch could not be marked before stopping */
+        /* a lock statement failed with its connection: rows it may have
+         * locked are held unseen until take_back_own() */
+        int lost_locks;
 };
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
@@ -462,6 +465,10 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
                 r->have_next = 0;
                 return 0;
         }
+        if (*stop) {
+                release_next(r, stop); /* a stopping relay publishes no new batch */
+                return 0;
+        }
         if (clock_mono_s() - r->next_locked_at > PREFETCH_MAX_AGE_S) {
                 log_warn("relay", "releasing a batch locked ahead: held too long", "rows=%zu",
                          r->next.count);
@@ -474,13 +481,15 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
         /* Locked ahead, the batch may have come short: versions whose
          * predecessors were still in flight. Now that those may be marked,
          * fill it up (each batch costs a produce request per partition). */
-        if (r->batch.count < (size_t)r->cfg->batch_size) {
+        if (r->batch.count < (size_t)r->cfg->batch_size && db_connected(r->db)) {
                 char err[512];
                 if (db_lock_more(r->db, r->cfg->batch_size - (int)r->batch.count,
                                  r->cfg->ordering == ORDERING_AGGREGATE, &r->batch, err,
-                                 sizeof err) != 0)
+                                 sizeof err) != 0) {
                         log_warn("db", "filling up a batch locked ahead failed", "err=%s",
                                  log_quote(err));
+                        r->lost_locks |= !db_connected(r->db);
+                }
         }
         return 1;
 }
@@ -490,6 +499,7 @@ static void receive_next(struct relay *r, double sent) {
         char err[512];
         if (db_lock_receive(r->db, &r->next, err, sizeof err) != 0) {
                 log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                r->lost_locks |= !db_connected(r->db);
                 return;
         }
         if (r->next.count == 0) {
@@ -509,10 +519,16 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         char err[512];
         double started = clock_mono_s();
         int ordering = r->cfg->ordering == ORDERING_AGGREGATE;
-        if (!take_next(r, stop) &&
-            db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err, sizeof err) != 0) {
-                log_warn("db", "lock batch failed", "err=%s", log_quote(err));
-                return -1;
+        if (!take_next(r, stop)) {
+                if (*stop)
+                        return 0; /* releasing the batch locked ahead took the stop request */
+                int was_connected = db_connected(r->db);
+                if (db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err,
+                                  sizeof err) != 0) {
+                        log_warn("db", "lock batch failed", "err=%s", log_quote(err));
+                        r->lost_locks |= was_connected && !db_connected(r->db);
+                        return -1;
+                }
         }
         size_t n = r->batch.count;
         if (n == 0)
@@ -564,9 +580,20 @@ static int take_back_own(struct relay *r) {
                 return -1;
         }
         r->seen_connects = db_connects(r->db);
+        r->lost_locks = 0;
         if (n)
                 log_warn("relay", "took back rows locked under this relay id", "rows=%lld", n);
         return 0;
+}
+
+/* After a reconnect: the batch locked ahead goes back unattempted (its
+ * rows are still this relay's, and the mark is fenced), then whatever else
+ * this relay id still holds is taken back (a lock whose result the lost
+ * connection took with it). */
+static int reclaim(struct relay *r, volatile sig_atomic_t *stop) {
+        if (r->have_next && release_next(r, stop) != 0)
+                return -1;
+        return take_back_own(r);
 }
 
 int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
@@ -579,7 +606,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                 metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
                 if (ensure_db(r, stop) != 0)
                         continue;
-                if (db_connects(r->db) != r->seen_connects && take_back_own(r) != 0)
+                if (db_connects(r->db) != r->seen_connects && reclaim(r, stop) != 0)
                         continue;
                 if (r->http)
                         http_set_ready(r->http, kafka_broker_up(r->kafka));
@@ -598,6 +625,13 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
         }
         if (r->have_next)
                 release_next(r, stop);
+        /* a lock statement whose result a lost connection took with it */
+        if ((r->lost_locks || db_connects(r->db) != r->seen_connects) &&
+            (!db_connected(r->db) || take_back_own(r) != 0)) {
+                log_error("relay", "rows a lost lock statement may hold stay PUBLISHING",
+                          "relay_id=%s", r->cfg->relay_id);
+                r->unmarked = 1; /* the sweeper returns them */
+        }
         log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
         return r->unmarked || !r->kafka ? 1 : 0;
 }

@@ -356,6 +356,20 @@ def test_help_and_version(tmp_path):
     assert "outbox-relay" in r.log_text()
 
 
+def test_librdkafka_binds_zstd_streams_to_the_relay(tmp_path):
+    """relay/zstd_reuse.c keeps one zstd context per librdkafka thread: that
+    works only while the dynamic linker binds librdkafka's ZSTD_createCStream
+    and ZSTD_freeCStream to the relay's own definitions."""
+    r = Relay("outbox-relay", args=["--version"], env={"LD_DEBUG": "bindings"}, log_dir=tmp_path,
+              name="bindings")
+    assert r.wait(10) == 0
+    text = r.log_text()
+    for sym in ("ZSTD_createCStream", "ZSTD_freeCStream"):
+        lines = [ln for ln in text.splitlines() if "librdkafka" in ln and "`%s'" % sym in ln]
+        assert lines, "librdkafka does not call %s here (no zstd?)" % sym
+        assert all("outbox-relay" in ln.split(" to ", 1)[1] for ln in lines), lines
+
+
 def test_hot_aggregates_publish_runs_of_versions_per_batch(db, kafka, tmp_path):
     # 5 aggregates x 60 versions: the guard lets a batch take a run of consecutive
     # versions of one aggregate (published in version order, n+1 after n's ack),
