@@ -53,8 +53,9 @@ def test_three_relays_20k_events(db, kafka, tmp_path, report):
     assert not problems, problems
     assert len(kc.ids) == total
     report("%d events, %d aggregates x %d versions, %d relays: all PUBLISHED in %.1fs; "
-           "locks per relay %s, most rows held at once %s; audit: %d locks, 0 overlapping; kafka: %d messages, "
-           "%d distinct, %d duplicates, order ok in %d partitions; max lag %.2fs (kafka), "
+           "locks per relay %s, most rows held at once %s; audit: %d locks, 0 overlapping; "
+           "kafka: %d messages, %d distinct, %d duplicates, order ok in %d partitions; "
+           "max lag %.2fs (kafka), "
            "%.2fs (table)",
            total, AGGREGATES, VERSIONS, RELAYS, elapsed, per_relay, dict(audit.max_held),
            audit.lock_count,
