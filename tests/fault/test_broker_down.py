@@ -26,6 +26,23 @@ def expected_backoff_ms(attempt):
     return min(BACKOFF_INITIAL_MS * 2 ** (attempt - 1), BACKOFF_MAX_MS)
 
 
+def warm_relay_broker_down(db, kafka, tmp_path, name, env):
+    """Starts a relay, lets it publish a few rows (connected, with its
+    producer id), then takes every broker down. Returns (relay, warm-up rows);
+    the caller stops the relay (`with relay:`)."""
+    warm = make_events(aggregates=5, versions=1, id_prefix="w")
+    db.insert_events(warm)
+    relay = Relay("outbox-relay", name=name, log_dir=tmp_path, env=env)
+    try:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
+                   what="warm-up rows PUBLISHED")
+    except BaseException:
+        relay.stop()
+        raise
+    kafka.down()
+    return relay, warm
+
+
 def test_broker_down_then_up(db, own_kafka, tmp_path, report):
     kafka = own_kafka
     topic = "%s.Order" % db.schema
@@ -127,12 +144,8 @@ def test_row_updated_in_flight_is_still_marked(db, own_kafka, tmp_path, report):
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     env = relay_env(db, kafka, "r-moved", OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000)
-    warm = make_events(aggregates=5, versions=1, id_prefix="w")
-    db.insert_events(warm)
-    with Relay("outbox-relay", name="r-moved", log_dir=tmp_path, env=env) as relay:
-        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
-                   what="warm-up rows PUBLISHED")
-        kafka.down()
+    relay, warm = warm_relay_broker_down(db, kafka, tmp_path, "r-moved", env)
+    with relay:
         rows = make_events(aggregates=20, versions=1, id_prefix="m")
         ids = db.insert_events(rows)
         wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
@@ -169,12 +182,8 @@ def test_batch_locked_ahead_is_released_when_held_too_long(db, own_kafka, tmp_pa
     kafka.create_topic(topic, 4)
     env = relay_env(db, kafka, "r-ahead", OUTBOX_BATCH_SIZE=100, OUTBOX_MAX_ATTEMPTS=50,
                     OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=7000)
-    warm = make_events(aggregates=5, versions=1, id_prefix="w")
-    db.insert_events(warm)
-    with Relay("outbox-relay", name="r-ahead", log_dir=tmp_path, env=env) as relay:
-        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
-                   what="warm-up rows PUBLISHED")
-        kafka.down()
+    relay, warm = warm_relay_broker_down(db, kafka, tmp_path, "r-ahead", env)
+    with relay:
         rows = make_events(aggregates=300, versions=2, id_prefix="a")
         db.insert_events(rows)
         wait_until(lambda: check_audit(db).releases[("relay", "RELEASED")] > 0, 30,
