@@ -28,6 +28,11 @@ struct db {
          * result before the connection takes anything else */
         const char *lock_sent;
         int lock_limit, lock_top_up;
+        /* a lock statement may have locked rows that no caller got (its
+         * outcome was lost with the connection, or its rows could not be
+         * handed over): db_take_back_own() clears it */
+        int locks_unknown;
+        int closing; /* the server said it is closing this connection (FATAL) */
 };
 
 /* Columns every locked row returns, in struct outbox_event order. headers is
@@ -94,6 +99,7 @@ void db_disconnect(struct db *db) {
                 PQfinish(db->conn);
         db->conn = NULL;
         db->lock_sent = NULL;
+        db->closing = 0;
         free(db->qtable);
         free(db->channel);
         db->qtable = db->channel = NULL;
@@ -326,6 +332,21 @@ out:
         return rc;
 }
 
+/* Messages the server sends outside a statement go to the log, not to
+ * libpq's default of stderr. A FATAL one ("terminating connection due to
+ * administrator command") means the server closes the connection: nothing
+ * sent on it after that runs. */
+static void on_notice(void *arg, const PGresult *res) {
+        struct db *db = arg;
+        const char *sev = PQresultErrorField(res, PG_DIAG_SEVERITY_NONLOCALIZED);
+        char text[512];
+        snprintf(text, sizeof text, "%s", PQresultErrorMessage(res));
+        text[strcspn(text, "\n")] = '\0';
+        if (sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0))
+                db->closing = 1;
+        log_warn("db", "server message", "msg=%s", log_quote(text));
+}
+
 int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         /* A half-dead connection must fail within about a minute, not the
          * kernel's default quarter of an hour: keepalives and a TCP user
@@ -347,6 +368,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
                 goto out;
         }
+        PQsetNoticeReceiver(db->conn, on_notice, db);
 
         r = PQexecParams(db->conn,
                          "SELECT n.nspname, c.relname FROM pg_class c"
@@ -409,11 +431,20 @@ out:
         return rc;
 }
 
-/* Sends one lock statement without waiting for it. */
+/* Sends one lock statement without waiting for it. A connection the server
+ * already closed, or said it is closing (what has arrived is read first), is
+ * dropped without sending: the statement is known not to have run. */
 static int send_lock(struct db *db, const char *stmt, int limit, char *errstr, size_t size) {
         char lim[16];
         const char *params[2] = {lim, db->relay_id};
         snprintf(lim, sizeof lim, "%d", limit);
+        if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK || db->closing) {
+                errstr_set(errstr, size, "%s: not sent: %s", stmt,
+                           db->closing ? "the server is closing the connection"
+                                       : PQerrorMessage(db->conn));
+                db_disconnect(db);
+                return -1;
+        }
         if (!PQsendQueryPrepared(db->conn, stmt, 2, params, NULL, NULL, 0)) {
                 errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
                 check_conn(db);
@@ -438,6 +469,12 @@ static PGresult *get_lock(struct db *db, const char *stmt, char *errstr, size_t 
         if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS ||
             PQstatus(db->conn) != CONNECTION_OK) {
                 errstr_set(errstr, size, "%s: %s", stmt, PQerrorMessage(db->conn));
+                /* An error the server sent (it has a SQLSTATE: a statement
+                 * error, a commit that failed, a backend terminated by an
+                 * administrator or a shutdown) rolled the statement back. A
+                 * connection lost without one leaves its outcome unknown. */
+                db->locks_unknown |= PQstatus(db->conn) != CONNECTION_OK &&
+                                     !PQresultErrorField(r, PG_DIAG_SQLSTATE) && !db->closing;
                 PQclear(r);
                 check_conn(db);
                 return NULL;
@@ -531,6 +568,7 @@ int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t er
                 PGresult *r;
                 while ((r = PQgetResult(db->conn)) != NULL)
                         PQclear(r);
+                db->locks_unknown = 1;
                 return errstr_set(errstr, errstr_size, "out of memory");
         }
         br->r[0] = get_lock(db, stmt, errstr, errstr_size);
@@ -543,8 +581,10 @@ int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t er
          * not again for a second (its scan steps over every blocked row). */
         if (db->lock_top_up && n0 < limit && clock_mono_s() >= db->topup_after) {
                 if (send_lock(db, "lock_heads", limit - n0, errstr, errstr_size) != 0 ||
-                    !(br->r[1] = get_lock(db, "lock_heads", errstr, errstr_size)))
-                        goto fail; /* r[0]'s rows stay PUBLISHING: the relay takes them back */
+                    !(br->r[1] = get_lock(db, "lock_heads", errstr, errstr_size))) {
+                        db->locks_unknown = 1; /* r[0]'s rows stay PUBLISHING */
+                        goto fail;
+                }
                 if (PQntuples(br->r[1]) == 0)
                         db->topup_after = clock_mono_s() + 1.0;
         }
@@ -558,7 +598,8 @@ int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t er
         out->events = calloc(n, sizeof *out->events);
         if (!out->events) {
                 errstr_set(errstr, errstr_size, "out of memory for %zu rows", n);
-                goto fail; /* the rows stay PUBLISHING: the relay takes them back */
+                db->locks_unknown = 1; /* the rows stay PUBLISHING */
+                goto fail;
         }
         /* The two sets hold different aggregates (a run's aggregate has its
          * head locked, so lock_heads cannot take it): each aggregate's rows
@@ -602,8 +643,10 @@ int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_bat
                 add ? realloc(b->events, (b->count + add) * sizeof *b->events) : NULL;
         if (!ev) {
                 PQclear(r);
-                /* rows it locked stay PUBLISHING: the relay takes them back */
-                return add ? errstr_set(errstr, errstr_size, "out of memory for %zu rows", add) : 0;
+                if (!add)
+                        return 0;
+                db->locks_unknown = 1; /* the rows it locked stay PUBLISHING */
+                return errstr_set(errstr, errstr_size, "out of memory for %zu rows", add);
         }
         /* the events point into the results, which stay where they are */
         b->events = ev;
@@ -611,6 +654,10 @@ int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_bat
         b->count += add;
         br->r[br->n++] = r;
         return 0;
+}
+
+int db_locks_unknown(const struct db *db) {
+        return db->locks_unknown;
 }
 
 int db_lock_in_flight(const struct db *db) {
@@ -1006,5 +1053,6 @@ int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr
         }
         *n = strtoll(PQcmdTuples(r), NULL, 10);
         PQclear(r);
+        db->locks_unknown = 0;
         return 0;
 }

@@ -80,6 +80,11 @@ int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t er
 int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_batch *b, char *errstr,
                  size_t errstr_size) __attribute__((warn_unused_result));
 
+/* Nonzero when a lock statement may have locked rows that no caller got:
+ * its outcome was lost with the connection, or its rows could not be handed
+ * over. db_take_back_own() returns them and clears this. */
+int db_locks_unknown(const struct db *db);
+
 /* Nonzero between db_lock_send() and db_lock_receive(). */
 int db_lock_in_flight(const struct db *db);
 /* Reads what has arrived of the lock statement's result without waiting, so

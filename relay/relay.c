@@ -68,11 +68,9 @@ struct relay {
         struct buf subject;
         double last_sample;
         int reconnect_ms;
-        long seen_connects; /* db_connects() when own locks were last checked */
-        int unmarked;       /* a batch could not be marked before stopping */
-        /* a lock statement failed with its connection: rows it may have
-         * locked are held unseen until take_back_own() */
-        int lost_locks;
+        long seen_connects;   /* db_connects() when own locks were last checked */
+        int unmarked;         /* a batch could not be marked before stopping */
+        double stop_deadline; /* set at the first stop-time retry: when to give up */
 };
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
@@ -361,12 +359,24 @@ static int ensure_db(struct relay *r, volatile sig_atomic_t *stop) {
         return lifecycle_ensure_db(r->db, &r->reconnect_ms, r->http, stop);
 }
 
+/* After a stop request, between retries of the database: 1 once
+ * STOP_MARK_GRACE_S have passed since the first such retry (one grace for
+ * the whole stop), else pauses briefly and returns 0. */
+static int stop_grace_over(struct relay *r) {
+        if (r->stop_deadline == 0)
+                r->stop_deadline = clock_mono_s() + STOP_MARK_GRACE_S;
+        else if (clock_mono_s() > r->stop_deadline)
+                return 1;
+        struct timespec ts = {0, 200000000L};
+        nanosleep(&ts, NULL);
+        return 0;
+}
+
 /* Marks the batch, retrying through database outages: rows must not stay
  * PUBLISHING. After a stop request it gives up after STOP_MARK_GRACE_S (the
  * sweeper returns what is left). */
 static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
         char err[512];
-        double stop_deadline = 0;
         for (;;) {
                 size_t lost = 0;
                 if (ensure_db(r, stop) == 0 &&
@@ -384,16 +394,9 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
                                  r->reconnect_ms, log_quote(err));
                         lifecycle_backoff(r->http, &r->reconnect_ms, stop);
                 }
-                if (*stop) {
-                        if (stop_deadline == 0)
-                                stop_deadline = clock_mono_s() + STOP_MARK_GRACE_S;
-                        else if (clock_mono_s() > stop_deadline) {
-                                log_error("relay", "cannot mark the batch before stopping",
-                                          "rows=%zu", n);
-                                return -1;
-                        }
-                        struct timespec ts = {0, 200000000L};
-                        nanosleep(&ts, NULL);
+                if (*stop && stop_grace_over(r)) {
+                        log_error("relay", "cannot mark the batch before stopping", "rows=%zu", n);
+                        return -1;
                 }
         }
 }
@@ -461,8 +464,9 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
         if (!r->have_next)
                 return 0;
         if (db_connects(r->db) != r->next_connects) {
-                db_batch_clear(&r->next);
-                r->have_next = 0;
+                /* not reached (reclaim() runs first after a reconnect); the
+                 * fenced mark is safe whoever holds the rows now */
+                release_next(r, stop);
                 return 0;
         }
         if (*stop) {
@@ -485,11 +489,9 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
                 char err[512];
                 if (db_lock_more(r->db, r->cfg->batch_size - (int)r->batch.count,
                                  r->cfg->ordering == ORDERING_AGGREGATE, &r->batch, err,
-                                 sizeof err) != 0) {
+                                 sizeof err) != 0)
                         log_warn("db", "filling up a batch locked ahead failed", "err=%s",
                                  log_quote(err));
-                        r->lost_locks |= !db_connected(r->db);
-                }
         }
         return 1;
 }
@@ -499,7 +501,6 @@ static void receive_next(struct relay *r, double sent) {
         char err[512];
         if (db_lock_receive(r->db, &r->next, err, sizeof err) != 0) {
                 log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
-                r->lost_locks |= !db_connected(r->db);
                 return;
         }
         if (r->next.count == 0) {
@@ -522,11 +523,9 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         if (!take_next(r, stop)) {
                 if (*stop)
                         return 0; /* releasing the batch locked ahead took the stop request */
-                int was_connected = db_connected(r->db);
                 if (db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err,
                                   sizeof err) != 0) {
                         log_warn("db", "lock batch failed", "err=%s", log_quote(err));
-                        r->lost_locks |= was_connected && !db_connected(r->db);
                         return -1;
                 }
         }
@@ -580,16 +579,21 @@ static int take_back_own(struct relay *r) {
                 return -1;
         }
         r->seen_connects = db_connects(r->db);
-        r->lost_locks = 0;
         if (n)
                 log_warn("relay", "took back rows locked under this relay id", "rows=%lld", n);
         return 0;
 }
 
-/* After a reconnect: the batch locked ahead goes back unattempted (its
- * rows are still this relay's, and the mark is fenced), then whatever else
- * this relay id still holds is taken back (a lock whose result the lost
- * connection took with it). */
+/* Whether this relay id may hold rows it does not know of: the connection
+ * was replaced since own locks were last checked, or a lock statement's
+ * rows were lost (db_locks_unknown()). */
+static int may_hold_unknown(struct relay *r) {
+        return db_connects(r->db) != r->seen_connects || db_locks_unknown(r->db);
+}
+
+/* Then, with no batch in flight: the batch locked ahead goes back
+ * unattempted (its rows are still this relay's, and the mark is fenced),
+ * and whatever else this relay id holds is taken back. */
 static int reclaim(struct relay *r, volatile sig_atomic_t *stop) {
         if (r->have_next && release_next(r, stop) != 0)
                 return -1;
@@ -606,8 +610,10 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                 metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
                 if (ensure_db(r, stop) != 0)
                         continue;
-                if (db_connects(r->db) != r->seen_connects && reclaim(r, stop) != 0)
+                if (may_hold_unknown(r) && reclaim(r, stop) != 0) {
+                        lifecycle_nap(r->http, r->cfg->poll_interval_ms, stop);
                         continue;
+                }
                 if (r->http)
                         http_set_ready(r->http, kafka_broker_up(r->kafka));
                 sample_table(r);
@@ -625,12 +631,17 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
         }
         if (r->have_next)
                 release_next(r, stop);
-        /* a lock statement whose result a lost connection took with it */
-        if ((r->lost_locks || db_connects(r->db) != r->seen_connects) &&
-            (!db_connected(r->db) || take_back_own(r) != 0)) {
-                log_error("relay", "rows a lost lock statement may hold stay PUBLISHING",
-                          "relay_id=%s", r->cfg->relay_id);
-                r->unmarked = 1; /* the sweeper returns them */
+        /* rows a lost lock statement may hold: taken back if the database
+         * can be reached within the stop grace */
+        while (may_hold_unknown(r)) {
+                if (ensure_db(r, stop) == 0 && take_back_own(r) == 0)
+                        break;
+                if (stop_grace_over(r)) {
+                        log_error("relay", "rows a lost lock statement may hold stay PUBLISHING",
+                                  "relay_id=%s", r->cfg->relay_id);
+                        r->unmarked = 1; /* the sweeper returns them */
+                        break;
+                }
         }
         log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
         return r->unmarked || !r->kafka ? 1 : 0;

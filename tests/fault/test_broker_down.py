@@ -36,10 +36,10 @@ def warm_relay_broker_down(db, kafka, tmp_path, name, env):
     try:
         wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
                    what="warm-up rows PUBLISHED")
+        kafka.down()
     except BaseException:
         relay.stop()
         raise
-    kafka.down()
     return relay, warm
 
 

@@ -71,3 +71,38 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
            total, len(terminated), terminated, at_restart,
            relay.log_text().count('msg="connected"') - 1, resets, len(kc.msgs),
            kc.extra_copies, kc.max_lag_s, db_lag_s(db))
+
+
+def test_sigterm_during_database_outage(pg, db, kafka, tmp_path, report):
+    """An idle relay whose database is shut down keeps trying to lock (and
+    fails: the server closed the connection before anything was sent). A
+    SIGTERM then is still a clean stop: exit 0, nothing of its own
+    PUBLISHING, and no server notice on stderr outside the log format."""
+    if not pg.restartable:
+        pytest.skip("needs OUTBOX_TEST_PG_DIR (or no OUTBOX_TEST_DATABASE_URL) to stop "
+                    "PostgreSQL")
+    warm = make_events(aggregates=5, versions=1)
+    db.insert_events(warm)
+    relay = Relay("outbox-relay", name="r-out", log_dir=tmp_path,
+                  env=relay_env(db, kafka, "r-out", OUTBOX_LOG_FORMAT="text"))
+    try:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
+                   what="warm-up rows PUBLISHED")
+        pg.stop_server()
+        try:
+            wait_until(lambda: "cannot connect" in relay.log_text(), 30,
+                       what="the relay retrying its connection")
+            rc = relay.stop(timeout=60)
+        finally:
+            pg.start_server()
+    finally:
+        if relay.running():
+            relay.kill()
+    reconnect(db)
+    log = relay.log_text()
+    assert rc == 0, log[-2000:]
+    assert db.count("status = 'PUBLISHING'") == 0
+    stray = [ln for ln in log.splitlines() if ln.startswith("FATAL")]
+    assert not stray, stray
+    report("idle relay, PostgreSQL shut down, SIGTERM: exit %d, 0 PUBLISHING, no stray "
+           "server notice on stderr", rc)
