@@ -26,9 +26,9 @@
  * broker), it is released unproduced and locked again later, so no lock lives
  * much longer than one batch's delivery timeout (which OUTBOX_LOCK_TIMEOUT_S
  * must outlast). */
-#define PREFETCH_MAX_AGE_S 5.0
+#define AHEAD_MAX_AGE_S 5.0
 /* After a lock ahead found nothing, how long not to try again. */
-#define PREFETCH_PAUSE_S 1.0
+#define AHEAD_PAUSE_S 1.0
 
 /* What happened to one row of the batch. */
 struct row_state {
@@ -50,12 +50,11 @@ struct relay {
         struct kafka *kafka;
         unsigned seed;
         struct db_batch batch;
-        /* the next batch, locked while `batch` was being published */
+        /* the next batch, locked while `batch` was being published (none
+         * while next.count is 0) */
         struct db_batch next;
-        int have_next;
-        long next_connects;    /* db_connects() when `next` was locked */
         double next_locked_at; /* when its lock statement was sent */
-        double prefetch_after; /* no lock ahead before this (monotonic) */
+        double ahead_after;    /* no lock ahead before this (monotonic) */
         struct row_state *rows;
         struct db_outcome *outs;
         struct buf topic, value, scratch;
@@ -453,27 +452,20 @@ static int release_next(struct relay *r, volatile sig_atomic_t *stop) {
         if (rc != 0)
                 r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
         db_batch_clear(&r->next);
-        r->have_next = 0;
         return rc;
 }
 
 /* Moves the batch locked ahead into r->batch when it may still go out; 1 if
- * it did. Its rows were taken back if the connection it was locked on was
- * replaced since (take_back_own()); a batch held too long goes back. */
+ * it did. A batch held too long goes back. Its connection is the one it was
+ * locked on: after a reconnect, reclaim() released it before any batch ran. */
 static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
-        if (!r->have_next)
+        if (!r->next.count)
                 return 0;
-        if (db_connects(r->db) != r->next_connects) {
-                /* not reached (reclaim() runs first after a reconnect); the
-                 * fenced mark is safe whoever holds the rows now */
-                release_next(r, stop);
-                return 0;
-        }
         if (*stop) {
                 release_next(r, stop); /* a stopping relay publishes no new batch */
                 return 0;
         }
-        if (clock_mono_s() - r->next_locked_at > PREFETCH_MAX_AGE_S) {
+        if (clock_mono_s() - r->next_locked_at > AHEAD_MAX_AGE_S) {
                 log_warn("relay", "releasing a batch locked ahead: held too long", "rows=%zu",
                          r->next.count);
                 release_next(r, stop);
@@ -481,7 +473,6 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
         }
         r->batch = r->next;
         memset(&r->next, 0, sizeof r->next);
-        r->have_next = 0;
         /* Locked ahead, the batch may have come short: versions whose
          * predecessors were still in flight. Now that those may be marked,
          * fill it up (each batch costs a produce request per partition). */
@@ -503,12 +494,8 @@ static void receive_next(struct relay *r, double sent) {
                 log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
                 return;
         }
-        if (r->next.count == 0) {
-                r->prefetch_after = clock_mono_s() + PREFETCH_PAUSE_S;
-                return;
-        }
-        r->have_next = 1;
-        r->next_connects = db_connects(r->db);
+        if (r->next.count == 0)
+                r->ahead_after = clock_mono_s() + AHEAD_PAUSE_S;
         r->next_locked_at = sent;
 }
 
@@ -533,7 +520,7 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         if (n == 0)
                 return 0;
         double ahead_sent = clock_mono_s();
-        if (!*stop && ahead_sent >= r->prefetch_after &&
+        if (!*stop && ahead_sent >= r->ahead_after &&
             db_lock_send(r->db, r->cfg->batch_size, ordering, 0, err, sizeof err) != 0)
                 log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
         int waves = assign_waves(r);
@@ -595,7 +582,7 @@ static int may_hold_unknown(struct relay *r) {
  * unattempted (its rows are still this relay's, and the mark is fenced),
  * and whatever else this relay id holds is taken back. */
 static int reclaim(struct relay *r, volatile sig_atomic_t *stop) {
-        if (r->have_next && release_next(r, stop) != 0)
+        if (r->next.count && release_next(r, stop) != 0)
                 return -1;
         return take_back_own(r);
 }
@@ -629,7 +616,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                         log_warn("db", "connection lost while idle", NULL);
                 kafka_poll(r->kafka, 0);
         }
-        if (r->have_next)
+        if (r->next.count)
                 release_next(r, stop);
         /* rows a lost lock statement may hold: taken back if the database
          * can be reached within the stop grace */
