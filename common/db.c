@@ -482,6 +482,17 @@ static PGresult *get_lock(struct db *db, const char *stmt, char *errstr, size_t 
         return r;
 }
 
+/* Runs one lock statement and waits for it (NULL with errstr set). */
+static PGresult *run_lock(struct db *db, const char *stmt, int limit, char *errstr, size_t size) {
+        return send_lock(db, stmt, limit, errstr, size) == 0 ? get_lock(db, stmt, errstr, size)
+                                                             : NULL;
+}
+
+/* The window lock statement: with the per-aggregate guard, or without. */
+static const char *window_lock(int ordering_aggregate) {
+        return ordering_aggregate ? "lock_runs" : "lock_unordered";
+}
+
 /* Parses PostgreSQL's float8 text of an epoch ("1763856000.123456"): plain
  * digits and one point by hand (strtod's exact rounding costs more than a
  * latency metric needs); anything else (exponent, sign) through strtod. */
@@ -544,7 +555,7 @@ int db_lock_send(struct db *db, int limit, int ordering_aggregate, int top_up, c
                 return errstr_set(errstr, errstr_size, "not connected");
         if (db->lock_sent)
                 return errstr_set(errstr, errstr_size, "a lock statement is in flight");
-        const char *stmt = ordering_aggregate ? "lock_runs" : "lock_unordered";
+        const char *stmt = window_lock(ordering_aggregate);
         if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
                 return -1;
         db->lock_sent = stmt;
@@ -580,8 +591,7 @@ int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t er
          * it up with the classic guard; after a top-up that found nothing,
          * not again for a second (its scan steps over every blocked row). */
         if (db->lock_top_up && n0 < limit && clock_mono_s() >= db->topup_after) {
-                if (send_lock(db, "lock_heads", limit - n0, errstr, errstr_size) != 0 ||
-                    !(br->r[1] = get_lock(db, "lock_heads", errstr, errstr_size))) {
+                if (!(br->r[1] = run_lock(db, "lock_heads", limit - n0, errstr, errstr_size))) {
                         db->locks_unknown = 1; /* r[0]'s rows stay PUBLISHING */
                         goto fail;
                 }
@@ -633,10 +643,8 @@ int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_bat
                 return 0;
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
-        const char *stmt = ordering_aggregate ? "lock_runs" : "lock_unordered";
-        PGresult *r = NULL;
-        if (send_lock(db, stmt, limit, errstr, errstr_size) != 0 ||
-            !(r = get_lock(db, stmt, errstr, errstr_size)))
+        PGresult *r = run_lock(db, window_lock(ordering_aggregate), limit, errstr, errstr_size);
+        if (!r)
                 return -1;
         size_t add = (size_t)PQntuples(r);
         struct outbox_event *ev =

@@ -315,8 +315,8 @@ void kafka_destroy(struct kafka *k) {
  * librdkafka's calls to the executable's definitions first (this file holds
  * kafka_new(), so every program that produces links them;
  * tests/integration/test_relay.py checks the binding). A freed context is
- * reset (session and parameters: as good as new) and zstd_kept for the thread's
- * next message set; a second one is really freed; a thread's zstd_kept context is
+ * reset (session and parameters: as good as new) and kept for the thread's
+ * next message set; a second one is really freed; a thread's kept context is
  * freed when the thread exits. Nothing changes in what is compressed. Without
  * zstd in the process (librdkafka built without it) librdkafka never calls
  * them.
