@@ -181,6 +181,56 @@ class RssSampler(threading.Thread):
         self.join()
 
 
+class CpuWindow:
+    """Where the machine's CPU went between the constructor and stop(): busy
+    core-seconds from /proc/stat, the bench's own share (its PostgreSQL server
+    with every backend and parallel worker, its child processes: relays,
+    broker, sqlcycle; and itself) and the rest, "other": whatever else runs on
+    the shared machine. A pair whose runs had other work beside them compares
+    two differently loaded machines."""
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self, pg_dir):
+        self.pg_dir = pg_dir
+        self.t0, self.busy0, self.own0 = time.monotonic(), self.busy(), self.own()
+
+    @staticmethod
+    def busy():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        # user nice system idle iowait irq softirq steal: interrupts left out
+        # (the bench's own loopback traffic is most of them, and no process is
+        # charged for them); steal is another guest's work on these cores
+        return (v[0] + v[1] + v[2] + v[7]) / CpuWindow.TICK
+
+    def own(self):
+        try:
+            with open(os.path.join(self.pg_dir, "data", "postmaster.pid")) as f:
+                roots = {int(f.readline()), os.getpid()}
+        except (OSError, ValueError):
+            roots = {os.getpid()}
+        ticks = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid, ppid = int(name), int(fields[1])
+            if pid in roots or ppid in roots:
+                # utime + stime + the reaped children's cutime + cstime
+                ticks += sum(int(x) for x in fields[11:15])
+        # this process's reaped children are in its cutime already
+        return ticks / self.TICK
+
+    def stop(self):
+        wall, busy = time.monotonic() - self.t0, self.busy() - self.busy0
+        own = self.own() - self.own0
+        return {"cpu_window_s": wall, "busy_cpu_s": busy, "other_cpu_s": max(0.0, busy - own)}
+
+
 def scrape(port):
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
         return r.read().decode()
@@ -332,9 +382,11 @@ class Bench:
         s = self.db.new_table("ceil%d" % clients)
         self.db.load(s, self.n, self.args.aggregates)
         load = loadavg()
+        cw = CpuWindow(self.pg.dir)
         r = subprocess.run([self.sqlcycle, "drain", self.pg.url, s.table, str(self.batch),
                             str(clients), str(self.n)], capture_output=True, text=True,
                            timeout=600)
+        cpu = cw.stop()
         if r.returncode:
             raise RuntimeError("sqlcycle: %s" % r.stderr)
         kv = dict(x.split("=", 1) for x in r.stdout.split())
@@ -345,7 +397,7 @@ class Bench:
                            wall_rows_per_s=float(kv["rows_per_s"]),
                            lock_ms_avg=float(kv["lock_ms_avg"]),
                            mark_ms_avg=float(kv["mark_ms_avg"]),
-                           pg_cpu_s=float(kv["backend_cpu_s"]))
+                           pg_cpu_s=float(kv["backend_cpu_s"]), **cpu)
 
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
@@ -358,15 +410,18 @@ class Bench:
         with self.broker(self.args.partitions) as kafka:
             load = loadavg()
             t0 = time.monotonic()
+            cw = CpuWindow(self.pg.dir)
             rel = Relays(self, s, instances, kafka, name)
             try:
                 done = rel.wait_published(n, time_box or 600)
+                mem_cpu = cw.stop()
                 batches = rel.metric("outbox_batches_total")
                 failed = rel.metric("outbox_events_failed_total")
                 pg_cpu = self.backend_cpu()
             finally:
                 mem = rel.stop()
             mem["pg_cpu_s"] = pg_cpu
+            mem.update(mem_cpu)
             wall = time.monotonic() - t0
             mem["broker_cpu_s"] = RssSampler.cpu_s(kafka.proc.pid)
             pub, secs, first = self.db.drain_stats(s)
@@ -562,14 +617,23 @@ def table(res):
     def each(rs, fmt, key):
         return "" if len(rs) < 2 else " (runs: %s)" % ", ".join(fmt % r[key] for r in rs)
 
+    def other(rs):
+        """Other processes' CPU beside the runs, in cores (min-max)."""
+        v = [r["other_cpu_s"] / r["cpu_window_s"] for r in rs if r.get("cpu_window_s")]
+        if not v:
+            return ""
+        return "; other processes %.2f%s cores" % (
+            min(v), "" if len(v) < 2 else "-%.2f" % max(v))
+
     for fs in ("off", "on"):
         for c in (1, 2):
             cs = find(row="ceiling", clients=c, fsync=fs)
             if cs:
-                out.append("| 1 | SQL ceiling, %d client%s | %s | %s%.0f rows/s%s (lock %.1f ms, mark %.1f ms per batch) | | %s |"
+                out.append("| 1 | SQL ceiling, %d client%s | %s | %s%.0f rows/s%s (lock %.1f ms, mark %.1f ms per batch%s) | | %s |"
                            % (c, "s" if c > 1 else "", fs, "median " if len(cs) > 1 else "",
                               med(cs, "rows_per_s"), each(cs, "%.0f", "rows_per_s"),
-                              med(cs, "lock_ms_avg"), med(cs, "mark_ms_avg"), cs[-1]["load"]))
+                              med(cs, "lock_ms_avg"), med(cs, "mark_ms_avg"), other(cs),
+                              cs[-1]["load"]))
     add_ratios(runs)
     for fs in ("off", "on"):
         for i in (1, 2):
@@ -590,7 +654,7 @@ def table(res):
             out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates | %s | %s%.0f rows/s%s%s (avg batch %.0f%s) | %s | %s |"
                        % (i, "s" if i > 1 else "", rs[0]["events"] // 1000, rs[0]["aggregates"], fs,
                           m, med(rs, "rows_per_s"), each(rs, "%.0f", "rows_per_s"), ratio,
-                          med(rs, "avg_batch"), cpu, tgt, rs[-1]["load"]))
+                          med(rs, "avg_batch"), cpu + other(rs), tgt, rs[-1]["load"]))
     a, b = one(row="backlog", pending=10000), one(row="backlog", pending=res.get("big_backlog", 1000000))
     if a and b:
         out.append("| 3 | lock one batch: 10k vs %dk pending (median of %d) | off | %.1f ms vs %.1f ms: %.2fx (first lock %.1f vs %.1f ms) | within 2x | %s |"
@@ -651,7 +715,7 @@ def main():
                     help="time box of the hot-aggregate run")
     ap.add_argument("--only", default="1,2,3,4,5,6,7", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=int, default=5,
                     help="pairs of (ceiling 2 clients, relay 2 instances) per fsync setting; "
                          "the table gives their medians")
     ap.add_argument("--relay-env", action="append", default=[], metavar="NAME=VALUE",
