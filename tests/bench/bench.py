@@ -640,7 +640,9 @@ def table(res):
             rs = find(row="relay", instances=i, fsync=fs)
             if not rs:
                 continue
-            tgt = ">= 0.8 and >= 25k/s" if i == 2 else ""
+            # the issue sets the targets with fsync off and asks for fsync on
+            # to be reported as well
+            tgt = "" if i == 1 else ">= 0.8 and >= 25k/s" if fs == "off" else "(reported)"
             cpu = ""
             if all(r.get("relay_cpu_s") for r in rs):
                 per = lambda k: sum(r[k] for r in rs) * 1e6 / sum(r["rows"] for r in rs)
