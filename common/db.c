@@ -995,6 +995,17 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
         int rc = -1;
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
+#ifdef OUTBOX_TEST_HOOKS
+        /* Test hook (tests/fault/test_sampling.py; only in builds with
+         * -DOUTBOX_TEST_HOOKS=ON): a sample as slow as a large backlog makes it. */
+        const char *delay_ms = getenv("OUTBOX_TEST_SAMPLE_DELAY_MS");
+        if (delay_ms && atoi(delay_ms) > 0) {
+                char sleep_sql[64];
+                snprintf(sleep_sql, sizeof sleep_sql, "SELECT pg_sleep(%d / 1000.0)",
+                         atoi(delay_ms));
+                PQclear(PQexec(db->conn, sleep_sql));
+        }
+#endif
         /* Exact counts over unpublished rows (the partial index's predicate);
          * PUBLISHED, which may be millions of rows, from the statistics
          * collector's live-row count (approximate, never a table scan). */

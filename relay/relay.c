@@ -19,6 +19,11 @@
 #include "registry.h"
 
 #define SAMPLE_INTERVAL_S 10.0
+/* The table sample counts every unpublished row: with a large backlog it
+ * takes long, and the loop waits for it. The next sample waits at least this
+ * many times as long as the last one took, so sampling keeps to about 2 % of
+ * the relay's time however large the backlog. */
+#define SAMPLE_SPACING 50.0
 /* After a stop request, how long marking may keep retrying a lost database. */
 #define STOP_MARK_GRACE_S 30.0
 /* A batch locked ahead (while the one before it was published) goes out only
@@ -65,7 +70,8 @@ struct relay {
         struct avroenc *avro;
         struct registry *registry;
         struct buf subject;
-        double last_sample;
+        double next_sample; /* no table sample before this (monotonic) */
+        int sample_slow;    /* the last sample stretched the interval */
         int reconnect_ms;
         long seen_connects;   /* db_connects() when own locks were last checked */
         int unmarked;         /* a batch could not be marked before stopping */
@@ -106,7 +112,6 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
         r->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
-        r->last_sample = -1e9;
         r->rows = calloc((size_t)cfg->batch_size, sizeof *r->rows);
         r->outs = calloc((size_t)cfg->batch_size, sizeof *r->outs);
         r->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
@@ -404,13 +409,25 @@ static void sample_table(struct relay *r) {
         double counts[DB_STATUS_COUNT], age;
         char err[512];
         double t = clock_mono_s();
-        if (t - r->last_sample < SAMPLE_INTERVAL_S)
+        if (t < r->next_sample)
                 return;
-        r->last_sample = t;
+        r->next_sample = t + SAMPLE_INTERVAL_S;
         if (db_sample(r->db, counts, &age, err, sizeof err) != 0) {
                 log_warn("db", "sampling the table failed", "err=%s", log_quote(err));
                 return;
         }
+        double took = clock_mono_s() - t;
+        int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
+        if (slow)
+                r->next_sample = t + took * SAMPLE_SPACING;
+        if (slow != r->sample_slow)
+                log_info("relay",
+                         slow ? "table sample slow, sampling less often"
+                              : "table sample fast again, sampling at the usual interval",
+                         "seconds=%.3f next_in_s=%.1f", took, r->next_sample - t);
+        r->sample_slow = slow;
+        log_debug("relay", "table sampled", "seconds=%.3f next_in_s=%.1f", took,
+                  r->next_sample - t);
         for (int i = 0; i < DB_STATUS_COUNT; i++)
                 metrics_set(M_EVENTS, db_status_names[i], counts[i]);
         metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
