@@ -133,6 +133,16 @@ static int prepare(struct db *db, const char *name, const char *sql, int nparams
         return rc;
 }
 
+#ifdef OUTBOX_TEST_HOOKS
+/* A fault test's pause in ms from variable `name` (builds with
+ * -DOUTBOX_TEST_HOOKS=ON only); 0 when unset. */
+static int test_hook_ms(const char *name) {
+        const char *v = getenv(name);
+        int ms = v ? atoi(v) : 0;
+        return ms > 0 ? ms : 0;
+}
+#endif
+
 /* Statements with the table's name as their only format argument, prepared
  * on every connect. */
 static const struct {
@@ -287,11 +297,11 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
         /* Test hook (tests/fault/test_lock_race.py; only in builds with
          * -DOUTBOX_TEST_HOOKS=ON): a pause between the statement's start and
          * its row locks, so a test can change a row in between. */
-        const char *delay_ms = getenv("OUTBOX_TEST_LOCK_DELAY_MS");
-        if (delay_ms && atoi(delay_ms) > 0) {
+        int delay_ms = test_hook_ms("OUTBOX_TEST_LOCK_DELAY_MS");
+        if (delay_ms) {
                 snprintf(delay, sizeof delay, " AND (SELECT true FROM pg_sleep(%d / 1000.0))",
-                         atoi(delay_ms));
-                log_warn("db", "test hook: every lock statement pauses", "ms=%d", atoi(delay_ms));
+                         delay_ms);
+                log_warn("db", "test hook: every lock statement pauses", "ms=%d", delay_ms);
         }
 #endif
         for (int v = 0; v < 3; v++) {
@@ -998,11 +1008,10 @@ int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_
 #ifdef OUTBOX_TEST_HOOKS
         /* Test hook (tests/fault/test_sampling.py; only in builds with
          * -DOUTBOX_TEST_HOOKS=ON): a sample as slow as a large backlog makes it. */
-        const char *delay_ms = getenv("OUTBOX_TEST_SAMPLE_DELAY_MS");
-        if (delay_ms && atoi(delay_ms) > 0) {
+        int delay_ms = test_hook_ms("OUTBOX_TEST_SAMPLE_DELAY_MS");
+        if (delay_ms) {
                 char sleep_sql[64];
-                snprintf(sleep_sql, sizeof sleep_sql, "SELECT pg_sleep(%d / 1000.0)",
-                         atoi(delay_ms));
+                snprintf(sleep_sql, sizeof sleep_sql, "SELECT pg_sleep(%d / 1000.0)", delay_ms);
                 PQclear(PQexec(db->conn, sleep_sql));
         }
 #endif
