@@ -128,6 +128,20 @@ class Db:
         self.schemas = []
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name (fields[1] is the
+    parent's pid, fields[11:15] utime, stime, cutime, cstime in clock ticks),
+    or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 # ---------------------------------------------------------------- relay processes
 
 class RssSampler(threading.Thread):
@@ -167,12 +181,8 @@ class RssSampler(threading.Thread):
     @staticmethod
     def cpu_s(pid):
         """utime + stime of a process, seconds."""
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:
-            return 0.0
+        fields = proc_stat(pid)
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else 0.0
 
     def stop(self):
         self.sample()  # VmHWM just before the relays exit
@@ -188,8 +198,6 @@ class CpuWindow:
     broker, sqlcycle; and itself) and the rest, "other": whatever else runs on
     the shared machine. A pair whose runs had other work beside them compares
     two differently loaded machines."""
-    TICK = os.sysconf("SC_CLK_TCK")
-
     def __init__(self, pg_dir):
         self.pg_dir = pg_dir
         self.t0, self.busy0, self.own0 = time.monotonic(), self.busy(), self.own()
@@ -201,7 +209,7 @@ class CpuWindow:
         # user nice system idle iowait irq softirq steal: interrupts left out
         # (the bench's own loopback traffic is most of them, and no process is
         # charged for them); steal is another guest's work on these cores
-        return (v[0] + v[1] + v[2] + v[7]) / CpuWindow.TICK
+        return (v[0] + v[1] + v[2] + v[7]) / CLOCK_TICKS
 
     def own(self):
         try:
@@ -211,19 +219,12 @@ class CpuWindow:
             roots = {os.getpid()}
         ticks = 0
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % name) as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            pid, ppid = int(name), int(fields[1])
-            if pid in roots or ppid in roots:
+            fields = proc_stat(int(name)) if name.isdigit() else None
+            if fields and (int(name) in roots or int(fields[1]) in roots):
                 # utime + stime + the reaped children's cutime + cstime
                 ticks += sum(int(x) for x in fields[11:15])
         # this process's reaped children are in its cutime already
-        return ticks / self.TICK
+        return ticks / CLOCK_TICKS
 
     def stop(self):
         wall, busy = time.monotonic() - self.t0, self.busy() - self.busy0
