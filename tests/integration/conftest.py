@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-from fixtures import kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
+from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
 from harness import TestSchema  # noqa: E402
 
 

@@ -269,7 +269,9 @@ def _wait_seen(prom, expr, timeout, what):
 
 
 @pytest.fixture(scope="module")
-def live(pg, kafka, tmp_path_factory):
+def live(pg, mock_kafka, tmp_path_factory):
+    # The mock cluster: the scenario takes the broker down and up on command.
+    kafka = mock_kafka
     assert os.access(PROMETHEUS, os.X_OK), "%s not found (apt-get install prometheus)" % PROMETHEUS
     assert have_binary("outbox-sweeper"), "%s not built" % bin_path("outbox-sweeper")
     work = str(tmp_path_factory.mktemp("prometheus"))

@@ -1,9 +1,11 @@
 """pytest fixtures shared by the integration and fault suites: one PostgreSQL
-server per session (tests/run's, or a private one) and one local
-Kafka-protocol broker per module. A conftest imports them by name."""
+server per session (tests/run's, or a private one), Apache Kafka (`kafka`:
+tests/run's single-node broker, or a private one) and librdkafka's mock cluster
+(`mock_kafka`, one per module, for injected errors and brokers down on
+command). A conftest imports them by name."""
 import pytest
 
-from harness import MockBroker, Postgres, Relay
+from harness import KafkaCluster, MockBroker, Postgres, Relay
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +16,16 @@ def pg():
 
 
 @pytest.fixture(scope="module")
-def kafka(tmp_path_factory):
+def kafka():
+    """Apache Kafka, one node: topics are created on first use (4 partitions)
+    or by create_topic()."""
+    k = KafkaCluster.shared()
+    yield k
+    k.stop()
+
+
+@pytest.fixture(scope="module")
+def mock_kafka(tmp_path_factory):
     with MockBroker(log_dir=str(tmp_path_factory.mktemp("broker"))) as b:
         yield b
 

@@ -2,10 +2,11 @@
 
 Put tests/support on sys.path and:
 
-    from harness import Postgres, TestSchema, MockBroker, Relay, wait_until, read_topics
+    from harness import Postgres, TestSchema, KafkaCluster, Relay, wait_until, read_topics
 
     pg = Postgres()                          # OUTBOX_TEST_DATABASE_URL or its own server
-    with MockBroker(["orders:3"]) as kafka, TestSchema(pg, "basic") as db:
+    with KafkaCluster() as kafka, TestSchema(pg, "basic") as db:
+        kafka.create_topic("orders", partitions=3)
         db.insert_events([{"aggregate_type": "Order", "aggregate_id": "o1",
                            "aggregate_version": 1, "event_type": "OrderCreated",
                            "payload_json": {"n": 1}, "topic_name": "orders"}])
@@ -15,8 +16,14 @@ Put tests/support on sys.path and:
         msgs = read_topics(kafka.bootstrap, topics=["orders"])
         ok, details = check_order(msgs)
 
+KafkaCluster is Apache Kafka (deploy/local/kafka: one node, or three); MockBroker is
+librdkafka's mock cluster (outbox-mockbroker), kept for injected produce errors, RTT
+and brokers down on command.
+
 Environment read here: OUTBOX_BUILD_DIR (default <repo>/build), OUTBOX_TEST_DATABASE_URL,
 OUTBOX_TEST_PG_DIR (the deploy/local/pg directory of that server, enables restarts),
+OUTBOX_TEST_KAFKA_DIR (a deploy/local/kafka directory of a running single-node
+broker that KafkaCluster.shared() uses instead of starting one),
 ASAN_OPTIONS / UBSAN_OPTIONS / LSAN_OPTIONS (passed to spawned daemons).
 """
 
@@ -30,6 +37,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -40,7 +48,7 @@ from kafka_dump import read_topics  # noqa: F401  (re-exported)
 
 __all__ = [
     "repo_root", "build_dir", "bin_path", "have_binary", "free_port", "wait_until",
-    "Postgres", "TestSchema", "MockBroker", "MockBrokerError", "Relay",
+    "Postgres", "TestSchema", "KafkaCluster", "MockBroker", "MockBrokerError", "Relay",
     "read_topics", "header", "check_order", "count_duplicates", "duplicates",
 ]
 
@@ -380,6 +388,124 @@ def make_events(aggregates=1, versions=1, aggregate_type="Order", event_type="Ch
                 row["tenant_id"] = tenant_id
             rows.append(row)
     return rows
+
+
+# ---------------------------------------------------------------- Apache Kafka
+
+sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "..", "deploy", "local"))
+import kafka_admin  # noqa: E402  (deploy/local/kafka_admin.py)
+
+
+class KafkaCluster:
+    """Apache Kafka started by deploy/local/kafka: KafkaCluster(nodes=1|3, sasl=False).
+
+    .bootstrap (plaintext listeners), .dir; with sasl, .sasl_bootstrap, .sasl_user,
+    .sasl_password and .ca_path. create_topic() makes a topic with the partitions,
+    replication and configs asked for. Node control for fault tests: pid(n),
+    kill(n) (SIGKILL), stop_node(n) (SIGTERM), pause(n)/resume(n)
+    (SIGSTOP/SIGCONT), start_node(n), leaders(topic). Context manager: stop()
+    deletes everything it started.
+
+    KafkaCluster.shared() returns the single-node broker tests/run started
+    ($OUTBOX_TEST_KAFKA_DIR), else starts one; stop() leaves a shared one running.
+    """
+
+    SCRIPT = os.path.join(repo_root(), "deploy", "local", "kafka")
+
+    def __init__(self, nodes=1, sasl=False, dir=None, timeout=180):
+        self.nodes = nodes
+        self.owned = dir is None
+        self.dir = dir or _tmpdir("outbox-kafka-")
+        if self.owned:
+            shutil.rmtree(self.dir)  # the script makes it
+            args = [self.SCRIPT, "start", self.dir, str(nodes)] + (["--sasl"] if sasl else [])
+            r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=timeout)
+            if r.returncode != 0:
+                raise RuntimeError("deploy/local/kafka start failed (%d): %s"
+                                   % (r.returncode, r.stderr.strip()[-3000:]))
+        self.bootstrap = self._read("bootstrap")
+        self.sasl_bootstrap = self._read("bootstrap-sasl")
+        self.sasl_user = self._read("sasl-user")
+        self.sasl_password = self._read("sasl-password")
+        self.ca_path = os.path.join(self.dir, "tls", "ca.pem") if self.sasl_bootstrap else None
+
+    @classmethod
+    def shared(cls):
+        d = os.environ.get("OUTBOX_TEST_KAFKA_DIR")
+        return cls(dir=d) if d else cls()
+
+    def _read(self, name):
+        try:
+            with open(os.path.join(self.dir, name)) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def _script(self, *args, timeout=60):
+        r = subprocess.run([self.SCRIPT, *map(str, args)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError("deploy/local/kafka %s failed (%d): %s"
+                               % (" ".join(map(str, args)), r.returncode, r.stderr.strip()))
+        return r.stdout
+
+    def create_topic(self, name, partitions=1, replication=1, config=None, timeout=30.0):
+        """Creates topic `name` and waits until every partition has a leader and a
+        full ISR. config: {"min.insync.replicas": "2", "max.message.bytes": ...}."""
+        kafka_admin.create_topic(self.bootstrap, name, partitions, replication,
+                                 {k: str(v) for k, v in (config or {}).items()}, timeout)
+
+    def leaders(self, topic):
+        """{partition: (leader node id, [ISR node ids])}."""
+        return kafka_admin.leaders(self.bootstrap, topic)
+
+    def wait_brokers(self, n=None, timeout=60.0):
+        """Waits until metadata lists n brokers (default all nodes)."""
+        if not kafka_admin.wait_brokers(self.bootstrap, n or self.nodes, timeout):
+            raise AssertionError("Kafka: fewer than %d brokers after %.0fs"
+                                 % (n or self.nodes, timeout))
+
+    def pid(self, n):
+        return int(self._read("node-%d/pid" % n))
+
+    def node_running(self, n):
+        try:
+            os.kill(self.pid(n), 0)
+            return True
+        except OSError:
+            return False
+
+    def kill(self, n):
+        """SIGKILL node n and wait for it to be gone."""
+        self._script("node-stop", self.dir, n, "KILL")
+
+    def stop_node(self, n):
+        """SIGTERM node n (a controlled shutdown) and wait for it to exit."""
+        self._script("node-stop", self.dir, n, "TERM", timeout=60)
+
+    def pause(self, n):
+        os.kill(self.pid(n), signal.SIGSTOP)
+
+    def resume(self, n):
+        os.kill(self.pid(n), signal.SIGCONT)
+
+    def start_node(self, n):
+        """Starts node n again, on its ports and data."""
+        self._script("node-start", self.dir, n)
+
+    def log_text(self, n=1):
+        return _read_log(os.path.join(self.dir, "node-%d" % n, "server.log"))
+
+    def stop(self):
+        if self.owned and self.dir and os.path.isdir(self.dir):
+            self._script("stop", self.dir, timeout=120)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 # ---------------------------------------------------------------- mock Kafka
