@@ -29,13 +29,19 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
+from fixtures import mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
 from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
                      header, read_topics)
 
 # Short timeouts so every fault resolves in seconds (DESIGN.md defaults are minutes).
 DELIVERY_TIMEOUT_MS = 3000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="module")
+def kafka(mock_kafka):
+    """The module's broker: librdkafka's mock cluster (RTT and errors on command)."""
+    return mock_kafka
 
 
 @pytest.fixture
