@@ -1,4 +1,4 @@
-"""Fixtures and checks shared by the fault tests (DESIGN.md G1-G5).
+"""Fixtures and checks shared by the fault tests (docs/DESIGN.md G1-G5).
 
 Every test works on its own schema (TestSchema) and topic prefix. On top of the
 outbox table each test installs an *audit trigger* (install_audit) that records
@@ -33,7 +33,7 @@ from fixtures import mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (
 from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
                      header, read_topics)
 
-# Short timeouts so every fault resolves in seconds (DESIGN.md defaults are minutes).
+# Short timeouts so every fault resolves in seconds (docs/DESIGN.md defaults are minutes).
 DELIVERY_TIMEOUT_MS = 3000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

@@ -1,6 +1,6 @@
 """Scenario 3 (G1, G2): every broker down for longer than the delivery timeout,
 then up. Rows go FAILED with a Kafka error code and a future available_at
-(exponential backoff with jitter, DESIGN.md step 4), then PUBLISHED; the
+(exponential backoff with jitter, docs/DESIGN.md step 4), then PUBLISHED; the
 relay does not spin while the broker is away."""
 import time
 import urllib.request

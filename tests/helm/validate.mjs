@@ -9,8 +9,8 @@
 //   node validate.mjs dashboard-rules DASHBOARD.json OUT.yaml
 //        write each dashboard panel query as a recording rule (Grafana variables
 //        replaced) so `promtool check rules` parses every panel's PromQL
-//   node validate.mjs metrics DESIGN.md DASHBOARD.json RULES.yaml
-//        every outbox_* metric used exists in DESIGN.md's metric table (plus
+//   node validate.mjs metrics docs/DESIGN.md DASHBOARD.json RULES.yaml
+//        every outbox_* metric used exists in docs/DESIGN.md's metric table (plus
 //        outbox_build_info), with _bucket/_sum/_count only on histograms
 //
 // Modules are loaded from $NODE_MODULES (the npm cache outside the repo).
@@ -197,7 +197,7 @@ function cmdMetrics(designFile, dashFile, rulesFile) {
   const types = designMetrics(designFile);
   if (types.size < 5) throw new Error(`${designFile}: metric table not found (${types.size} rows)`);
   types.set("outbox_build_info", "gauge");
-  console.log(`  ok   DESIGN.md metric table: ${types.size - 1} metrics (+ outbox_build_info)`);
+  console.log(`  ok   docs/DESIGN.md metric table: ${types.size - 1} metrics (+ outbox_build_info)`);
   const uses = [];
   for (const e of dashboardExprs(dashFile).exprs) uses.push({ where: `dashboard "${e.panel}"`, expr: e.expr });
   const rules = YAML.parse(fs.readFileSync(rulesFile, "utf8"));
@@ -219,7 +219,7 @@ function cmdMetrics(designFile, dashFile, rulesFile) {
         suffix = m[2];
       }
       if (!types.has(base)) {
-        fail(`${u.where}: metric ${n} is not in DESIGN.md's table`);
+        fail(`${u.where}: metric ${n} is not in docs/DESIGN.md's table`);
         continue;
       }
       const t = types.get(base);
@@ -232,7 +232,7 @@ function cmdMetrics(designFile, dashFile, rulesFile) {
   }
   console.log(`  ok   ${uses.length} expressions use ${used.size} metrics: ${[...used].sort().join(" ")}`);
   const unused = [...types.keys()].filter((k) => !used.has(k) && k !== "outbox_build_info");
-  if (unused.length) console.log(`  note DESIGN.md metrics on no panel or alert: ${unused.join(" ")}`);
+  if (unused.length) console.log(`  note docs/DESIGN.md metrics on no panel or alert: ${unused.join(" ")}`);
 }
 
 const [cmd, ...args] = process.argv.slice(2);

@@ -762,7 +762,7 @@ def header(msg, name):
 
 
 def check_order(messages):
-    """Checks G2 (DESIGN.md): in each partition, for each aggregate
+    """Checks G2 (docs/DESIGN.md): in each partition, for each aggregate
     (tenant-id, aggregate-type, aggregate-id headers), the first copies of its
     versions appear in increasing aggregate-version order; later duplicate
     copies of versions already seen are allowed.

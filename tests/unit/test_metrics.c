@@ -1,4 +1,4 @@
-/* test_metrics.c - the metrics table renders DESIGN.md's names and types, and
+/* test_metrics.c - the metrics table renders docs/DESIGN.md's names and types, and
  * counters, gauges, histograms and labels behave as the exposition format wants. */
 #include <criterion/criterion.h>
 #include <math.h>

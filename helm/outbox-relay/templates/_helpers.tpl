@@ -99,7 +99,7 @@ printed as integers.
 
 {{/*
 librdkafka property name -> OUTBOX_KAFKA_* environment variable name, the inverse
-of DESIGN.md's mapping (`___`->`-`, `__`->`_`, `_`->`.`): `_` -> `__` first, then
+of docs/DESIGN.md's mapping (`___`->`-`, `__`->`_`, `_`->`.`): `_` -> `__` first, then
 `-` -> `___`, then `.` -> `_`, upper-cased.
   bootstrap.servers   -> OUTBOX_KAFKA_BOOTSTRAP_SERVERS
   sasl.oauthbearer.x_y-z -> OUTBOX_KAFKA_SASL_OAUTHBEARER_X__Y___Z
