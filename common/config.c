@@ -86,6 +86,12 @@ static const struct opt opts[] = {
          "delete PUBLISHED rows older than this; 0 keeps all"},
         {"OUTBOX_DELETE_BATCH", T_INT, "1000", O(delete_batch), SWEEPER, 1, 1000000, NULL,
          "rows deleted per statement"},
+#ifdef OUTBOX_TEST_HOOKS
+        {"OUTBOX_TEST_LOCK_DELAY_MS", T_INT, "0", O(test_lock_delay_ms), RELAY, 0, 3600000, NULL,
+         "test hook: every lock statement pauses this long before its row locks"},
+        {"OUTBOX_TEST_SAMPLE_DELAY_MS", T_INT, "0", O(test_sample_delay_ms), RELAY, 0, 3600000,
+         NULL, "test hook: every table sample takes this much longer"},
+#endif
 };
 #undef O
 #define NOPTS        (sizeof opts / sizeof opts[0])

@@ -43,6 +43,10 @@ struct config {
         long long retention_s;
         int delete_batch;
         int once; /* sweeper --once */
+        /* Fault-test pauses, read only by builds with -DOUTBOX_TEST_HOOKS=ON
+         * (else 0): OUTBOX_TEST_LOCK_DELAY_MS, OUTBOX_TEST_SAMPLE_DELAY_MS. */
+        int test_lock_delay_ms;
+        int test_sample_delay_ms;
 
         struct config_kafka_prop *kafka;
         size_t kafka_cnt;

@@ -1,4 +1,6 @@
-/* db.h - the outbox table over libpq. The only module that includes libpq. */
+/* db.h - the outbox table over libpq. The db files (db.c: connection and
+ * waiting; db_claim.c: claiming and settling rows; db_table.c: table-wide
+ * statements) are the only ones that include libpq. */
 #ifndef OUTBOX_DB_H
 #define OUTBOX_DB_H
 
@@ -16,32 +18,46 @@ struct db_batch {
         void *priv;
 };
 
-/* DB_RELEASED: locked but never produced (its predecessor in the batch
- * failed, or the relay is stopping): back to PENDING/FAILED, the attempt not
- * counted. */
-enum db_status { DB_PUBLISHED = 0, DB_FAILED, DB_DEAD, DB_RELEASED };
+/* What a mark makes of a row this relay holds. DB_MARK_RELEASED: locked but
+ * never produced (its predecessor in the batch failed, or the relay is
+ * stopping): back to PENDING/FAILED, the attempt not counted. */
+enum db_mark { DB_MARK_PUBLISHED = 0, DB_MARK_FAILED, DB_MARK_DEAD, DB_MARK_RELEASED };
 
 /* One row's outcome for db_mark(). Strings are borrowed. */
 struct db_outcome {
         const char *outbox_id;
-        const char *tid; /* DB_PUBLISHED: the event's tid (finds the row without an
-                          * index; NULL or stale falls back to outbox_id) */
-        enum db_status status;
-        long long delay_ms;  /* DB_FAILED: available_at = now() + delay */
-        const char *code;    /* DB_FAILED, DB_DEAD: last_error_code */
+        const char *tid; /* DB_MARK_PUBLISHED: the event's tid (finds the row without
+                          * an index; NULL or stale falls back to outbox_id) */
+        enum db_mark mark;
+        long long delay_ms;  /* DB_MARK_FAILED: available_at = now() + delay */
+        const char *code;    /* DB_MARK_FAILED, DB_MARK_DEAD: last_error_code */
         const char *message; /* last_error_message (never a payload) */
-        int uncounted;       /* DB_FAILED: the attempt does not count (attempt_count is
-                              * restored), e.g. the schema registry was down */
+        int uncounted;       /* DB_MARK_FAILED: the attempt does not count (attempt_count
+                              * is restored), e.g. the schema registry was down */
         int marked;          /* set by db_mark() once applied; start at 0 */
 };
 
-#define DB_STATUS_COUNT 5
-/* Order of db_sample()'s counts. */
-extern const char *const db_status_names[DB_STATUS_COUNT];
+/* The statuses of a row, in the order of db_sample()'s counts. */
+enum db_row_status {
+        DB_ROW_PENDING = 0,
+        DB_ROW_PUBLISHING,
+        DB_ROW_PUBLISHED,
+        DB_ROW_FAILED,
+        DB_ROW_DEAD,
+        DB_ROW_STATUS_COUNT
+};
+/* The status column's values: db_row_status_names[DB_ROW_PUBLISHED] is "PUBLISHED". */
+extern const char *const db_row_status_names[DB_ROW_STATUS_COUNT];
 
 /* Creates an unconnected handle; copies the strings. NULL on allocation
  * failure. `table` must have passed config_check_identifier(). */
 struct db *db_new(const char *url, const char *table, const char *relay_id);
+
+/* Fault-test pauses, in builds with -DOUTBOX_TEST_HOOKS=ON only (0: none):
+ * every lock statement waits lock_delay_ms between its start and its row
+ * locks (from the next connect on), every table sample takes sample_delay_ms
+ * longer. */
+void db_set_test_hooks(struct db *db, int lock_delay_ms, int sample_delay_ms);
 
 /* (Re)connects: opens the connection, resolves the table (schema and name),
  * LISTENs on its channel and prepares the statements. 0 or -1 (errstr set, no
@@ -139,10 +155,11 @@ int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t
 int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
                       size_t errstr_size) __attribute__((warn_unused_result));
 
-/* One query for the table gauges: counts by status (db_status_names order;
- * PUBLISHED from the statistics collector's live-row count, the others exact) and the age in
- * seconds of the oldest PENDING or FAILED row (0 when none). */
-int db_sample(struct db *db, double counts[DB_STATUS_COUNT], double *oldest_age_s, char *errstr,
+/* One query for the table gauges: counts by status (enum db_row_status;
+ * PUBLISHED from the statistics collector's live-row count, the others
+ * exact) and the age in seconds of the oldest PENDING or FAILED row (0 when
+ * none). */
+int db_sample(struct db *db, double counts[DB_ROW_STATUS_COUNT], double *oldest_age_s, char *errstr,
               size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Closes and frees. NULL is a no-op. */

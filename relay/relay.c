@@ -40,7 +40,7 @@ struct row_state {
         int done; /* outcome known (delivery report or produce error) */
         int ok;
         int permanent;
-        int released;     /* never produced: goes back unattempted (DB_RELEASED) */
+        int released;     /* never produced: goes back unattempted (DB_MARK_RELEASED) */
         int wave;         /* position in its aggregate's run of versions in the batch */
         const char *code; /* static: rd_kafka_err2name() or our own codes */
         char message[160];
@@ -119,6 +119,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 snprintf(errstr, errstr_size, "out of memory");
                 goto fail;
         }
+        db_set_test_hooks(r->db, cfg->test_lock_delay_ms, cfg->test_sample_delay_ms);
         if (encode_fields_parse(cfg->envelope_fields, &r->fields, errstr, errstr_size) != 0)
                 goto fail;
         if (cfg->serialization == SERIALIZATION_AVRO) {
@@ -313,12 +314,12 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                 o->uncounted = 0;
                 o->marked = 0;
                 if (st->released) {
-                        o->status = DB_RELEASED;
+                        o->mark = DB_MARK_RELEASED;
                         o->code = o->message = NULL;
                         continue;
                 }
                 if (st->ok) {
-                        o->status = DB_PUBLISHED;
+                        o->mark = DB_MARK_PUBLISHED;
                         o->code = o->message = NULL;
                         metrics_add(M_EVENTS_PUBLISHED, st->topic, 1);
                         metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
@@ -328,7 +329,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                  * it never uses up attempts (issue 5: registry down, never DEAD). */
                 int counts = !st->code || strcmp(st->code, "REGISTRY_UNAVAILABLE") != 0;
                 if (st->permanent || (counts && ev->attempt_count >= cfg->max_attempts)) {
-                        o->status = DB_DEAD;
+                        o->mark = DB_MARK_DEAD;
                         if (!st->permanent) {
                                 char why[sizeof st->message];
                                 snprintf(why, sizeof why, "%.100s (attempt %d of %d)", st->message,
@@ -342,7 +343,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                                  log_quote(st->message));
                         dead++;
                 } else {
-                        o->status = DB_FAILED;
+                        o->mark = DB_MARK_FAILED;
                         o->uncounted = !counts;
                         o->delay_ms = relay_backoff_ms(ev->attempt_count, cfg->backoff_initial_ms,
                                                        cfg->backoff_max_ms, &r->seed);
@@ -406,7 +407,7 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
 }
 
 static void sample_table(struct relay *r) {
-        double counts[DB_STATUS_COUNT], age;
+        double counts[DB_ROW_STATUS_COUNT], age;
         char err[512];
         double t = clock_mono_s();
         if (t < r->next_sample)
@@ -428,8 +429,8 @@ static void sample_table(struct relay *r) {
         r->sample_slow = slow;
         log_debug("relay", "table sampled", "seconds=%.3f next_in_s=%.1f", took,
                   r->next_sample - t);
-        for (int i = 0; i < DB_STATUS_COUNT; i++)
-                metrics_set(M_EVENTS, db_status_names[i], counts[i]);
+        for (int i = 0; i < DB_ROW_STATUS_COUNT; i++)
+                metrics_set(M_EVENTS, db_row_status_names[i], counts[i]);
         metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
 }
 
@@ -456,14 +457,14 @@ static int assign_waves(struct relay *r) {
         return waves;
 }
 
-/* Hands the rows of r->next back unproduced (DB_RELEASED: the attempt does
+/* Hands the rows of r->next back unproduced (DB_MARK_RELEASED: the attempt does
  * not count). -1 when they could not be marked before a stop. */
 static int release_next(struct relay *r, volatile sig_atomic_t *stop) {
         size_t n = r->next.count;
         for (size_t i = 0; i < n; i++) {
                 memset(&r->outs[i], 0, sizeof r->outs[i]);
                 r->outs[i].outbox_id = r->next.events[i].outbox_id;
-                r->outs[i].status = DB_RELEASED;
+                r->outs[i].mark = DB_MARK_RELEASED;
         }
         int rc = mark_batch(r, n, stop);
         if (rc != 0)

@@ -53,7 +53,7 @@ static long cycle(struct db *db, struct db_outcome *outs, double *lock_s, double
                         memset(&outs[i], 0, sizeof outs[i]);
                         outs[i].outbox_id = b.events[i].outbox_id;
                         outs[i].tid = b.events[i].tid;
-                        outs[i].status = DB_PUBLISHED;
+                        outs[i].mark = DB_MARK_PUBLISHED;
                 }
                 size_t lost = 0;
                 if (db_mark(db, outs, n, &lost, err, sizeof err) != 0 || lost) {

@@ -1,0 +1,617 @@
+/* db_claim.c - claiming and settling rows: the lock statements, the marks
+ * and the take-back of own locks.
+ *
+ * Only the lock statements take rows. Every other statement here changes a
+ * row only while this relay holds it: it is fenced by status = 'PUBLISHING'
+ * AND locked_by = $1 (HELD below), so a lock the sweeper took back, or that
+ * another relay took since, is never overwritten. Every statement here takes
+ * this relay's id as $1. */
+#include "db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "db_internal.h"
+#include "encode.h"
+#include "errstr.h"
+
+/* Lock statements whose rows one batch may hold: the lock, a top-up, and
+ * db_lock_more()'s. */
+#define BATCH_RESULTS_MAX 3
+/* After a top-up that found nothing, how long not to try again: its scan
+ * steps over every blocked row. */
+#define TOPUP_PAUSE_S 1.0
+
+/* Rows this relay holds. */
+#define HELD " AND status = 'PUBLISHING' AND locked_by = $1"
+
+/* The columns every lock statement returns, in enum col order (struct
+ * outbox_event's). headers is the headers_json object as netstrings (see
+ * event.h), NULL when not an object; occurred_at is formatted as RFC 3339 UTC
+ * by the server; the ctid lets the mark find the row without an index. */
+#define LOCK_COLUMNS                                                                               \
+        "o.outbox_id::text, o.tenant_id, o.aggregate_type, o.aggregate_id, "                       \
+        "o.aggregate_version, o.event_type, o.event_version, o.topic_name, "                       \
+        "o.partition_key, o.event_key, o.payload_json::text, "                                     \
+        "CASE WHEN o.headers_json = '{}' THEN ''"                                                  \
+        " WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("                            \
+        "  SELECT string_agg(octet_length(h.key)::text || ':' || h.key || "                        \
+        "         octet_length(h.v)::text || ':' || h.v, '' ORDER BY h.key) "                      \
+        "  FROM (SELECT key, CASE WHEN jsonb_typeof(value) = 'string' "                            \
+        "               THEN value #>> '{}' ELSE value::text END AS v "                            \
+        "        FROM jsonb_each(o.headers_json)) h), '') END, "                                   \
+        "o.correlation_id, o.causation_id, o.trace_id, "                                           \
+        "to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "         \
+        "extract(epoch FROM o.occurred_at)::float8, o.attempt_count, o.ctid::text"
+
+enum col {
+        C_ID,
+        C_TENANT,
+        C_AGG_TYPE,
+        C_AGG_ID,
+        C_AGG_VERSION,
+        C_EVENT_TYPE,
+        C_EVENT_VERSION,
+        C_TOPIC,
+        C_PKEY,
+        C_EVENT_KEY,
+        C_PAYLOAD,
+        C_HEADERS,
+        C_CORRELATION,
+        C_CAUSATION,
+        C_TRACE,
+        C_OCCURRED,
+        C_OCCURRED_EPOCH,
+        C_ATTEMPTS,
+        C_TID,
+        C_NCOLS
+};
+
+/* The lock statements are a window, a choice of its rows, and a tail
+ * (DESIGN.md, "Status machine" steps 1 and 2); $2 is the batch size.
+ *
+ * The window: the oldest due rows, lower versions first among rows due at
+ * the same time, taken with SKIP LOCKED; `guard` narrows it. `vis` keeps the
+ * rows whose locked version the statement can see, so the UPDATE finds them
+ * by ctid (a TID scan, no index descent). FOR UPDATE locks, and returns, the
+ * newest version of a row another transaction changed after the statement
+ * began; the statement cannot update that version, so the row sits this
+ * batch out, and to the guard it is a version the window lacks. */
+#define LOCK_WINDOW(guard)                                                                         \
+        "WITH win AS MATERIALIZED ("                                                               \
+        " SELECT o.ctid AS tid, o.outbox_id, o.tenant_id, o.aggregate_type,"                       \
+        "  o.aggregate_id, o.aggregate_version FROM %1$s o"                                        \
+        " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"                       \
+        "  AND o.available_at <= now()%2$s" guard " ORDER BY o.available_at, o.aggregate_version"  \
+        " LIMIT $2 FOR UPDATE OF o SKIP LOCKED),"                                                  \
+        " vis AS MATERIALIZED (SELECT w.* FROM win w"                                              \
+        "  WHERE EXISTS (SELECT 1 FROM %1$s c WHERE c.ctid = w.tid))"
+
+/* The guards are scalar subqueries probing downwards from the row: as NOT
+ * EXISTS, the planner may hash-join each row with every version of its
+ * aggregate, quadratic in a hot aggregate's backlog. */
+
+/* The classic guard: the row is the lowest unpublished version of its
+ * aggregate. Its scan steps over blocked rows. */
+#define LOCK_HEAD_GUARD                                                                            \
+        " AND (SELECT p.aggregate_version FROM %1$s p"                                             \
+        "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"                \
+        "  AND p.aggregate_id = o.aggregate_id AND p.published_at IS NULL"                         \
+        "  AND p.aggregate_version < o.aggregate_version"                                          \
+        "  ORDER BY p.aggregate_version DESC LIMIT 1) IS NULL"
+
+/* Runs of versions: a row of the window is ready when every unpublished
+ * version of its aggregate below it is in the window too: nothing
+ * unpublished below the aggregate's lowest version there (`behind`), and
+ * only versions below the lowest one between its lowest and highest that the
+ * window lacks (`missing`; probed only when the window holds more than one
+ * version, as rows of one version never hold each other back). The cost
+ * follows the window, not the backlog. */
+#define LOCK_RUNS                                                                                  \
+        ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"                                \
+        "  min(aggregate_version) AS lo, max(aggregate_version) AS top"                            \
+        "  FROM vis GROUP BY 1, 2, 3),"                                                            \
+        " gap AS MATERIALIZED (SELECT a.tenant_id, a.aggregate_type, a.aggregate_id,"              \
+        "  (SELECT p.aggregate_version FROM %1$s p"                                                \
+        "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"               \
+        "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version < a.lo"                    \
+        "   AND p.published_at IS NULL"                                                            \
+        "   ORDER BY p.aggregate_version DESC LIMIT 1) AS behind,"                                 \
+        "  CASE WHEN a.lo < a.top THEN (SELECT p.aggregate_version FROM %1$s p"                    \
+        "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"               \
+        "   AND p.aggregate_id = a.aggregate_id"                                                   \
+        "   AND p.aggregate_version BETWEEN a.lo AND a.top"                                        \
+        "   AND p.published_at IS NULL"                                                            \
+        "   AND p.outbox_id NOT IN (SELECT outbox_id FROM vis)"                                    \
+        "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"                                  \
+        "  FROM agg a),"                                                                           \
+        " ready AS (SELECT w.tid, w.outbox_id FROM vis w JOIN gap g"                               \
+        "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"                   \
+        "  AND g.aggregate_id = w.aggregate_id"                                                    \
+        "  WHERE g.behind IS NULL"                                                                 \
+        "  AND (g.missing IS NULL OR w.aggregate_version < g.missing))"
+
+/* The tail: the chosen rows (`from`) go PUBLISHING for this relay; rows come
+ * back ordered by aggregate and version. */
+#define LOCK_TAIL(from)                                                                            \
+        ", locked AS ("                                                                            \
+        " UPDATE %1$s o SET status = 'PUBLISHING', locked_by = $1,"                                \
+        "  locked_at = now(), last_attempt_at = now(),"                                            \
+        "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"                    \
+        " FROM " from " r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"                      \
+        " RETURNING " LOCK_COLUMNS ")"                                                             \
+        " SELECT * FROM locked ORDER BY 2, 3, 4, 5"
+
+/* The marks' columns when a row leaves this relay. */
+#define UNLOCK " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+
+enum {
+        S_LOCK_UNORDERED,
+        S_LOCK_RUNS,
+        S_LOCK_HEADS,
+        S_MARK_RELEASED,
+        S_MARK_PUBLISHED,
+        S_MARK_PUBLISHED_ID,
+        S_MARK_UNPUBLISHED,
+        S_TAKE_BACK_OWN,
+        S_COUNT
+};
+
+const struct db_stmt db_claim_stmts[S_COUNT] = {
+        /* OUTBOX_ORDERING=none: every row of the window. */
+        [S_LOCK_UNORDERED] = {"lock_unordered", "lock_unordered", 2,
+                              LOCK_WINDOW("") LOCK_TAIL("vis")},
+        [S_LOCK_RUNS] = {"lock_runs", "lock_runs", 2, LOCK_WINDOW("") LOCK_RUNS LOCK_TAIL("ready")},
+        /* For rows the window could not reach: only to top up a short batch. */
+        [S_LOCK_HEADS] = {"lock_heads", "lock_heads", 2,
+                          LOCK_WINDOW(LOCK_HEAD_GUARD) LOCK_TAIL("vis")},
+        /* Rows locked but never produced go back as they were, the attempt
+         * not counted: FAILED if an attempt had been made before, else
+         * PENDING. */
+        [S_MARK_RELEASED] = {"mark_released", "mark_released", 2,
+                             "UPDATE %1$s SET status = CASE WHEN attempt_count > 1"
+                             "  THEN 'FAILED' ELSE 'PENDING' END,"
+                             " attempt_count = attempt_count - 1," UNLOCK
+                             " WHERE outbox_id = ANY($2::uuid[])" HELD},
+        /* Found by the ctid ($3) the lock returned (a TID scan, no index
+         * descent); mark_published_id catches a row an update moved since. */
+        [S_MARK_PUBLISHED] = {"mark_published", "mark_published", 3,
+                              "UPDATE %1$s SET status = 'PUBLISHED', published_at = now()," UNLOCK
+                              " WHERE ctid = ANY($3::tid[])"
+                              " AND outbox_id = ANY($2::uuid[])" HELD},
+        [S_MARK_PUBLISHED_ID] =
+                {"mark_published_id", "mark_published_id", 2,
+                 "UPDATE %1$s SET status = 'PUBLISHED', published_at = now()," UNLOCK
+                 " WHERE outbox_id = ANY($2::uuid[])" HELD},
+        /* FAILED ($2) due after a backoff, or DEAD parked at 'infinity';
+         * uncount restores an attempt that does not count. */
+        [S_MARK_UNPUBLISHED] = {"mark_unpublished", "mark_unpublished", 7,
+                                "UPDATE %1$s o SET status = $2,"
+                                " available_at = CASE WHEN $2 = 'FAILED'"
+                                "  THEN now() + u.delay_ms * interval '1 millisecond'"
+                                "  ELSE 'infinity' END,"
+                                " last_error_code = u.code, last_error_message = u.msg,"
+                                " attempt_count = o.attempt_count - u.uncount," UNLOCK
+                                " FROM unnest($3::uuid[], $4::bigint[], $5::text[], $6::text[],"
+                                "  $7::int[]) AS u(id, delay_ms, code, msg, uncount)"
+                                " WHERE o.outbox_id = u.id" HELD},
+        /* Rows this relay id still holds when no batch is in flight: a lock
+         * statement whose result was lost with the connection, or an earlier
+         * process with the same id that died. Like the sweeper's stale-lock
+         * reset, but at once; a row whose attempts ($2) are used up goes DEAD,
+         * so a row that keeps killing its relay cannot loop forever. */
+        [S_TAKE_BACK_OWN] = {"take_back_own", "take back own locks", 2,
+                             "UPDATE %1$s SET status = CASE WHEN attempt_count >= $2"
+                             "  THEN 'DEAD' ELSE 'FAILED' END,"
+                             " available_at = CASE WHEN attempt_count >= $2"
+                             "  THEN 'infinity'::timestamptz ELSE now() END,"
+                             " last_error_code = 'STALE_LOCK',"
+                             " last_error_message = 'lock of ' || locked_by"
+                             "  || ' taken back by the same relay id after a reconnect"
+                             " or restart'," UNLOCK
+                             " WHERE published_at IS NULL AND available_at <= now()" HELD},
+};
+const size_t db_claim_stmt_count = S_COUNT;
+
+/* The results behind a batch. */
+struct batch_results {
+        PGresult *r[BATCH_RESULTS_MAX];
+        int n;
+};
+
+/* Sends one lock statement without waiting for it. A connection the server
+ * already closed, or said it is closing (what has arrived is read first), is
+ * dropped without sending: the statement is known not to have run. */
+static int send_lock(struct db *db, const struct db_stmt *stmt, int limit, char *errstr,
+                     size_t size) {
+        char lim[16];
+        const char *params[2] = {db->relay_id, lim};
+        snprintf(lim, sizeof lim, "%d", limit);
+        if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK || db->closing) {
+                errstr_set(errstr, size, "%s: not sent: %s", stmt->what,
+                           db->closing ? "the server is closing the connection"
+                                       : PQerrorMessage(db->conn));
+                db_disconnect(db);
+                return -1;
+        }
+        if (!PQsendQueryPrepared(db->conn, stmt->name, 2, params, NULL, NULL, 0)) {
+                errstr_set(errstr, size, "%s: %s", stmt->what, PQerrorMessage(db->conn));
+                db_check_conn(db);
+                return -1;
+        }
+        return 0;
+}
+
+/* Waits for the result of the lock statement sent last (NULL with errstr set).
+ * An error after the rows (the statement commits at its end, and may fail
+ * there, or the connection may be lost before) wins, as in PQexecPrepared(). */
+static PGresult *get_lock(struct db *db, const struct db_stmt *stmt, char *errstr, size_t size) {
+        PGresult *r = PQgetResult(db->conn), *more;
+        while ((more = PQgetResult(db->conn)) != NULL) {
+                if (PQresultStatus(more) == PGRES_TUPLES_OK) {
+                        PQclear(more);
+                        continue;
+                }
+                PQclear(r);
+                r = more;
+        }
+        if (PQresultStatus(r) != PGRES_TUPLES_OK || PQnfields(r) != C_NCOLS ||
+            PQstatus(db->conn) != CONNECTION_OK) {
+                errstr_set(errstr, size, "%s: %s", stmt->what, PQerrorMessage(db->conn));
+                /* An error the server sent (it has a SQLSTATE: a statement
+                 * error, a commit that failed, a backend terminated by an
+                 * administrator or a shutdown) rolled the statement back. A
+                 * connection lost without one leaves its outcome unknown. */
+                db->locks_unknown |= PQstatus(db->conn) != CONNECTION_OK &&
+                                     !PQresultErrorField(r, PG_DIAG_SQLSTATE) && !db->closing;
+                PQclear(r);
+                db_check_conn(db);
+                return NULL;
+        }
+        return r;
+}
+
+/* Runs one lock statement and waits for it (NULL with errstr set). */
+static PGresult *run_lock(struct db *db, const struct db_stmt *stmt, int limit, char *errstr,
+                          size_t size) {
+        return send_lock(db, stmt, limit, errstr, size) == 0 ? get_lock(db, stmt, errstr, size)
+                                                             : NULL;
+}
+
+/* The window lock statement: with the per-aggregate guard, or without. */
+static const struct db_stmt *window_lock(int ordering_aggregate) {
+        return &db_claim_stmts[ordering_aggregate ? S_LOCK_RUNS : S_LOCK_UNORDERED];
+}
+
+/* Parses PostgreSQL's float8 text of an epoch ("1763856000.123456"): plain
+ * digits and one point by hand (strtod's exact rounding costs more than a
+ * latency metric needs); anything else (exponent, sign) through strtod. */
+static double parse_epoch(const char *s) {
+        double whole = 0, frac = 0, scale = 1;
+        const char *p = s;
+        for (; *p >= '0' && *p <= '9'; p++)
+                whole = whole * 10 + (*p - '0');
+        if (*p == '.')
+                for (p++; *p >= '0' && *p <= '9' && scale < 1e18; p++) {
+                        frac = frac * 10 + (*p - '0');
+                        scale *= 10;
+                }
+        /* a digit left over means more than 18 decimals: strtod too */
+        return *p || p == s ? strtod(s, NULL) : whole + frac / scale;
+}
+
+/* Points events at the rows of r. */
+static void fill_events(PGresult *r, struct outbox_event *events) {
+#define V(col) (PQgetisnull(r, i, col) ? NULL : PQgetvalue(r, i, col))
+#define S(col) PQgetvalue(r, i, col) /* NOT NULL columns: "" never NULL */
+        for (int i = 0; i < PQntuples(r); i++) {
+                struct outbox_event *e = &events[i];
+                e->outbox_id = V(C_ID);
+                e->tenant_id = V(C_TENANT);
+                e->aggregate_type = V(C_AGG_TYPE);
+                e->aggregate_id = V(C_AGG_ID);
+                e->aggregate_version = strtoll(S(C_AGG_VERSION), NULL, 10);
+                e->event_type = V(C_EVENT_TYPE);
+                e->event_version = atoi(S(C_EVENT_VERSION));
+                e->topic_name = V(C_TOPIC);
+                e->partition_key = V(C_PKEY);
+                e->event_key = V(C_EVENT_KEY);
+                e->payload = V(C_PAYLOAD);
+                e->payload_len = e->payload ? (size_t)PQgetlength(r, i, C_PAYLOAD) : 0;
+                e->headers = V(C_HEADERS);
+                e->correlation_id = V(C_CORRELATION);
+                e->causation_id = V(C_CAUSATION);
+                e->trace_id = V(C_TRACE);
+                e->occurred_at = V(C_OCCURRED);
+                e->occurred_at_epoch = parse_epoch(S(C_OCCURRED_EPOCH));
+                e->attempt_count = atoi(S(C_ATTEMPTS));
+                e->tid = V(C_TID);
+        }
+#undef V
+#undef S
+}
+
+int db_lock_send(struct db *db, int limit, int ordering_aggregate, int top_up, char *errstr,
+                 size_t errstr_size) {
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        if (db->lock_sent)
+                return errstr_set(errstr, errstr_size, "a lock statement is in flight");
+        const struct db_stmt *stmt = window_lock(ordering_aggregate);
+        if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
+                return -1;
+        db->lock_sent = stmt;
+        db->lock_limit = limit;
+        db->lock_top_up = ordering_aggregate && top_up;
+        return 0;
+}
+
+int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t errstr_size) {
+        struct batch_results *br = NULL;
+        const struct db_stmt *stmt = db->lock_sent;
+        memset(out, 0, sizeof *out);
+        if (!stmt)
+                return errstr_set(errstr, errstr_size, "no lock statement in flight");
+        db->lock_sent = NULL;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        br = calloc(1, sizeof *br);
+        if (!br) {
+                /* the statement's result must still be read off the wire */
+                PGresult *r;
+                while ((r = PQgetResult(db->conn)) != NULL)
+                        PQclear(r);
+                db->locks_unknown = 1;
+                return errstr_set(errstr, errstr_size, "out of memory");
+        }
+        br->r[0] = get_lock(db, stmt, errstr, errstr_size);
+        if (!br->r[0])
+                goto fail;
+        int limit = db->lock_limit, n0 = PQntuples(br->r[0]);
+        /* A short batch under the guard: the window may have been full of
+         * blocked versions, with heads of other aggregates behind them. */
+        if (db->lock_top_up && n0 < limit && clock_mono_s() >= db->topup_after) {
+                if (!(br->r[1] = run_lock(db, &db_claim_stmts[S_LOCK_HEADS], limit - n0, errstr,
+                                          errstr_size))) {
+                        db->locks_unknown = 1; /* r[0]'s rows stay PUBLISHING */
+                        goto fail;
+                }
+                if (PQntuples(br->r[1]) == 0)
+                        db->topup_after = clock_mono_s() + TOPUP_PAUSE_S;
+        }
+        size_t n = (size_t)n0 + (size_t)(br->r[1] ? PQntuples(br->r[1]) : 0);
+        if (n == 0) {
+                PQclear(br->r[0]);
+                PQclear(br->r[1]);
+                free(br);
+                return 0;
+        }
+        out->events = calloc(n, sizeof *out->events);
+        if (!out->events) {
+                errstr_set(errstr, errstr_size, "out of memory for %zu rows", n);
+                db->locks_unknown = 1; /* the rows stay PUBLISHING */
+                goto fail;
+        }
+        /* The two sets hold different aggregates (a run's aggregate has its
+         * head locked, so lock_heads cannot take it): each aggregate's rows
+         * stay together, in version order. */
+        fill_events(br->r[0], out->events);
+        if (br->r[1])
+                fill_events(br->r[1], out->events + n0);
+        br->n = br->r[1] ? 2 : 1;
+        out->count = n;
+        out->priv = br;
+        return 0;
+fail:
+        PQclear(br->r[0]);
+        PQclear(br->r[1]);
+        free(br);
+        return -1;
+}
+
+int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
+                  char *errstr, size_t errstr_size) {
+        memset(out, 0, sizeof *out);
+        if (db_lock_send(db, limit, ordering_aggregate, 1, errstr, errstr_size) != 0)
+                return -1;
+        return db_lock_receive(db, out, errstr, errstr_size);
+}
+
+int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_batch *b, char *errstr,
+                 size_t errstr_size) {
+        struct batch_results *br = b->priv;
+        if (!br || br->n == BATCH_RESULTS_MAX || limit <= 0)
+                return 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        PGresult *r = run_lock(db, window_lock(ordering_aggregate), limit, errstr, errstr_size);
+        if (!r)
+                return -1;
+        size_t add = (size_t)PQntuples(r);
+        struct outbox_event *ev =
+                add ? realloc(b->events, (b->count + add) * sizeof *b->events) : NULL;
+        if (!ev) {
+                PQclear(r);
+                if (!add)
+                        return 0;
+                db->locks_unknown = 1; /* the rows it locked stay PUBLISHING */
+                return errstr_set(errstr, errstr_size, "out of memory for %zu rows", add);
+        }
+        /* the events point into the results, which stay where they are */
+        b->events = ev;
+        fill_events(r, ev + b->count);
+        b->count += add;
+        br->r[br->n++] = r;
+        return 0;
+}
+
+int db_locks_unknown(const struct db *db) {
+        return db->locks_unknown;
+}
+
+int db_lock_in_flight(const struct db *db) {
+        return db->lock_sent != NULL;
+}
+
+int db_lock_poll(struct db *db) {
+        /* a lost connection shows in db_lock_receive() */
+        return db->lock_sent && db->conn && PQconsumeInput(db->conn) && PQisBusy(db->conn);
+}
+
+void db_batch_clear(struct db_batch *b) {
+        if (!b)
+                return;
+        struct batch_results *br = b->priv;
+        if (br) {
+                for (int i = 0; i < BATCH_RESULTS_MAX; i++)
+                        PQclear(br->r[i]);
+                free(br);
+        }
+        free(b->events);
+        memset(b, 0, sizeof *b);
+}
+
+/* Appends s as an element of a PostgreSQL array literal (NULL as NULL). */
+static int array_elem(struct buf *a, const char *s) {
+        if (a->len > 1 && buf_append(a, ",", 1))
+                return -1;
+        if (!s)
+                return buf_append(a, "NULL", 4);
+        if (buf_append(a, "\"", 1))
+                return -1;
+        /* copy runs between characters that need a backslash */
+        for (;;) {
+                size_t run = strcspn(s, "\"\\");
+                if (buf_append(a, s, run))
+                        return -1;
+                s += run;
+                if (!*s)
+                        break;
+                if (buf_append(a, "\\", 1) || buf_append(a, s, 1))
+                        return -1;
+                s++;
+        }
+        return buf_append(a, "\"", 1);
+}
+
+/* Rolls back an open transaction after a failed statement (best effort: a
+ * lost connection has no transaction left). */
+static void abort_tx(struct db *db) {
+        if (db->conn && PQtransactionStatus(db->conn) != PQTRANS_IDLE) {
+                PGresult *r = PQexec(db->conn, "ROLLBACK");
+                PQclear(r);
+                db_check_conn(db);
+        }
+}
+
+/* Runs a mark statement; adds affected rows to *done. */
+static int run_mark(struct db *db, int stmt, const char *const *params, long long *done,
+                    char *errstr, size_t size) {
+        long long n;
+        if (db_run_count(db, &db_claim_stmts[stmt], params, &n, errstr, size) != 0)
+                return -1;
+        *done += n;
+        return 0;
+}
+
+/* The array parameters db_mark() builds, one PostgreSQL array literal each. */
+enum { A_IDS, A_TIDS, A_DELAYS, A_CODES, A_MSGS, A_UNCOUNTS, A_COUNT };
+
+int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
+            size_t errstr_size) {
+        struct buf a[A_COUNT] = {{0}};
+        long long done = 0;
+        size_t expected = 0;
+        int rc = -1;
+
+        *lost = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        for (int mark = DB_MARK_PUBLISHED; mark <= DB_MARK_RELEASED; mark++) {
+                size_t cnt = 0;
+                for (int k = 0; k < A_COUNT; k++) {
+                        buf_reset(&a[k]);
+                        if (buf_append(&a[k], "{", 1))
+                                goto oom;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        if ((int)outs[i].mark != mark || outs[i].marked)
+                                continue;
+                        cnt++;
+                        if (array_elem(&a[A_IDS], outs[i].outbox_id) ||
+                            (mark == DB_MARK_PUBLISHED && array_elem(&a[A_TIDS], outs[i].tid)))
+                                goto oom;
+                        if (mark != DB_MARK_FAILED && mark != DB_MARK_DEAD)
+                                continue; /* the other arrays are for mark_unpublished */
+                        char d[24];
+                        snprintf(d, sizeof d, "%lld", outs[i].delay_ms);
+                        if (array_elem(&a[A_DELAYS], d) || array_elem(&a[A_CODES], outs[i].code) ||
+                            array_elem(&a[A_MSGS], outs[i].message) ||
+                            array_elem(&a[A_UNCOUNTS], outs[i].uncounted ? "1" : "0"))
+                                goto oom;
+                }
+                if (!cnt)
+                        continue;
+                for (int k = 0; k < A_COUNT; k++)
+                        if (buf_append(&a[k], "}", 1))
+                                goto oom;
+                expected += cnt;
+                if (mark == DB_MARK_PUBLISHED) {
+                        /* By ctid, then by outbox_id for rows an update moved
+                         * since the lock: one transaction, so a failure in
+                         * between leaves nothing half marked (which a retry
+                         * would count as lost locks). */
+                        const char *p[3] = {db->relay_id, a[A_IDS].data, a[A_TIDS].data};
+                        long long by_tid = 0, by_id = 0;
+                        if (db_exec_simple(db, "BEGIN", errstr, errstr_size) ||
+                            run_mark(db, S_MARK_PUBLISHED, p, &by_tid, errstr, errstr_size) ||
+                            (by_tid < (long long)cnt &&
+                             run_mark(db, S_MARK_PUBLISHED_ID, p, &by_id, errstr, errstr_size)) ||
+                            db_exec_simple(db, "COMMIT", errstr, errstr_size)) {
+                                abort_tx(db);
+                                goto out;
+                        }
+                        done += by_tid + by_id;
+                } else if (mark == DB_MARK_RELEASED) {
+                        const char *p[2] = {db->relay_id, a[A_IDS].data};
+                        if (run_mark(db, S_MARK_RELEASED, p, &done, errstr, errstr_size))
+                                goto out;
+                } else {
+                        const char *p[7] = {
+                                db->relay_id,      mark == DB_MARK_FAILED ? "FAILED" : "DEAD",
+                                a[A_IDS].data,     a[A_DELAYS].data,
+                                a[A_CODES].data,   a[A_MSGS].data,
+                                a[A_UNCOUNTS].data};
+                        if (run_mark(db, S_MARK_UNPUBLISHED, p, &done, errstr, errstr_size))
+                                goto out;
+                }
+                for (size_t i = 0; i < n; i++)
+                        if ((int)outs[i].mark == mark)
+                                outs[i].marked = 1;
+        }
+        *lost = expected > (size_t)done ? expected - (size_t)done : 0;
+        rc = 0;
+        goto out;
+oom:
+        rc = errstr_set(errstr, errstr_size, "out of memory");
+out:
+        for (int k = 0; k < A_COUNT; k++)
+                buf_free(&a[k]);
+        return rc;
+}
+
+int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr,
+                     size_t errstr_size) {
+        char m[24];
+        const char *params[2] = {db->relay_id, m};
+        *n = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        snprintf(m, sizeof m, "%d", max_attempts);
+        if (db_run_count(db, &db_claim_stmts[S_TAKE_BACK_OWN], params, n, errstr, errstr_size) != 0)
+                return -1;
+        db->locks_unknown = 0;
+        return 0;
+}

@@ -1,0 +1,65 @@
+/* db_internal.h - what the db files share: the handle and the statement
+ * table. Include it only from common/db*.c; everyone else uses db.h. */
+#ifndef OUTBOX_DB_INTERNAL_H
+#define OUTBOX_DB_INTERNAL_H
+
+#include <libpq-fe.h>
+#include <stddef.h>
+
+#include "db.h"
+
+struct db {
+        char *url, *table, *relay_id;
+        PGconn *conn;
+        char *qtable;  /* "schema"."table", resolved at connect */
+        char *channel; /* schema.table */
+        long connects; /* successful db_connect() calls */
+        /* db_lock_send() sent this lock statement; db_lock_receive() owes its
+         * result before the connection takes anything else */
+        const struct db_stmt *lock_sent;
+        int lock_limit, lock_top_up;
+        double topup_after; /* monotonic time before which lock_heads is skipped */
+        /* a lock statement may have locked rows that no caller got (its
+         * outcome was lost with the connection, or its rows could not be
+         * handed over): db_take_back_own() clears it */
+        int locks_unknown;
+        int closing; /* the server said it is closing this connection (FATAL) */
+        int test_lock_delay_ms, test_sample_delay_ms;
+};
+
+/* One SQL statement, prepared on every connect under `name`. `sql` names the
+ * table as %1$s (as often as it needs); the lock statements also hold %2$s,
+ * where the lock test hook's pause goes (nothing in other builds). Errors
+ * start with `what`. */
+struct db_stmt {
+        const char *name;
+        const char *what;
+        int nparams;
+        const char *sql;
+};
+
+/* The statement tables of db_claim.c and db_table.c. */
+extern const struct db_stmt db_claim_stmts[];
+extern const size_t db_claim_stmt_count;
+extern const struct db_stmt db_table_stmts[];
+extern const size_t db_table_stmt_count;
+
+/* A statement failed: drops the connection if it is gone, so the caller
+ * reconnects. */
+void db_check_conn(struct db *db);
+
+/* Runs a statement without parameters that is not in a table (transaction
+ * control); -1 (errstr set) unless it succeeded. */
+int db_exec_simple(struct db *db, const char *sql, char *errstr, size_t size);
+
+/* Runs prepared statement `s` with its text parameters. The result when its
+ * status is `want` (PQclear() it), else NULL with errstr "<what>: <why>" and
+ * the connection dropped if it was lost. */
+PGresult *db_run(struct db *db, const struct db_stmt *s, const char *const *params,
+                 ExecStatusType want, char *errstr, size_t size);
+
+/* db_run() for a statement that changes rows: *n gets how many. */
+int db_run_count(struct db *db, const struct db_stmt *s, const char *const *params, long long *n,
+                 char *errstr, size_t size);
+
+#endif

@@ -1,0 +1,180 @@
+/* db_table.c - statements over the whole table: the sweeper's stale-lock
+ * reset, retention and parking, and the relay's table sample. Each is one
+ * statement (its own transaction) on at most `limit` rows, taken with SKIP
+ * LOCKED, so sweepers and relays never wait for each other. */
+#include "db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "db_internal.h"
+#include "errstr.h"
+
+const char *const db_row_status_names[DB_ROW_STATUS_COUNT] = {[DB_ROW_PENDING] = "PENDING",
+                                                              [DB_ROW_PUBLISHING] = "PUBLISHING",
+                                                              [DB_ROW_PUBLISHED] = "PUBLISHED",
+                                                              [DB_ROW_FAILED] = "FAILED",
+                                                              [DB_ROW_DEAD] = "DEAD"};
+
+enum {
+        S_RESET_STALE,
+        S_DELETE_PUBLISHED,
+        S_PARK,
+        S_UNPARK,
+        S_SAMPLE,
+#ifdef OUTBOX_TEST_HOOKS
+        S_TEST_SLEEP,
+#endif
+        S_COUNT
+};
+
+const struct db_stmt db_table_stmts[S_COUNT] = {
+        /* A lock older than the lock timeout ($1 s), through the due index
+         * (none covers locked_at): a row is locked only once due, so its
+         * available_at is older still. */
+        [S_RESET_STALE] = {"reset_stale", "reset stale locks", 2,
+                           "WITH stale AS (SELECT outbox_id FROM %1$s"
+                           " WHERE published_at IS NULL"
+                           " AND available_at < now() - $1 * interval '1 second'"
+                           " AND status = 'PUBLISHING'"
+                           " AND locked_at < now() - $1 * interval '1 second'"
+                           " ORDER BY available_at, aggregate_version"
+                           " LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                           " UPDATE %1$s o SET status = 'FAILED', available_at = now(),"
+                           " last_error_code = 'STALE_LOCK',"
+                           " last_error_message = 'lock of ' || coalesce(o.locked_by, '?')"
+                           "  || ' expired after ' || $1 || ' s',"
+                           " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
+                           " FROM stale WHERE o.outbox_id = stale.outbox_id"},
+        /* PUBLISHED rows published more than $1 s ago, oldest first. */
+        [S_DELETE_PUBLISHED] = {"delete_published", "delete published", 2,
+                                "DELETE FROM %1$s WHERE outbox_id IN (SELECT outbox_id FROM %1$s"
+                                " WHERE published_at IS NOT NULL"
+                                " AND published_at < now() - $1 * interval '1 second'"
+                                " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)"},
+        /* Parks the PENDING and FAILED versions above the lowest DEAD one of
+         * their aggregate. One read of the parked range (DEAD and parked
+         * rows) finds each DEAD aggregate and its highest parked version;
+         * parking walks on from there in version order, so a long queue is
+         * parked in one pass over it. A version a lock statement holds
+         * (SKIP LOCKED) stays due behind the parked ones, blocked as before. */
+        [S_PARK] = {"park_blocked", "park blocked versions", 1,
+                    "WITH dead AS MATERIALIZED (SELECT tenant_id, aggregate_type, aggregate_id,"
+                    "  min(aggregate_version) FILTER (WHERE status = 'DEAD') AS v,"
+                    "  max(aggregate_version) FILTER (WHERE status <> 'DEAD') AS parked"
+                    "  FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity'"
+                    "  GROUP BY 1, 2, 3 HAVING bool_or(status = 'DEAD'))"
+                    " UPDATE %1$s o SET available_at = 'infinity', last_error_code = 'BLOCKED',"
+                    " last_error_message = 'parked behind a DEAD version of its aggregate"
+                    " (due again when that is requeued, published or deleted)',"
+                    " updated_at = clock_timestamp()"
+                    " WHERE o.outbox_id = ANY (ARRAY("
+                    "  SELECT x.outbox_id FROM dead d CROSS JOIN LATERAL ("
+                    "   SELECT s.outbox_id FROM %1$s s WHERE s.tenant_id = d.tenant_id"
+                    "   AND s.aggregate_type = d.aggregate_type"
+                    "   AND s.aggregate_id = d.aggregate_id"
+                    "   AND s.published_at IS NULL"
+                    "   AND s.aggregate_version > greatest(d.v, d.parked)"
+                    "   AND s.status IN ('PENDING', 'FAILED') AND s.available_at <> 'infinity'"
+                    "   ORDER BY s.aggregate_version LIMIT $1 FOR UPDATE SKIP LOCKED) x"
+                    "  LIMIT $1))"
+                    " AND o.status IN ('PENDING', 'FAILED')"},
+        /* Makes parked versions due once no DEAD version of their aggregate
+         * is below them (every one when $2 = 1). One sort of the parked
+         * range gives each row the lowest DEAD version of its aggregate.
+         * Both parking statements hand their rows to the UPDATE as an
+         * array, found by primary key: no join whose plan a misestimate
+         * could turn quadratic. */
+        [S_UNPARK] = {"unpark_blocked", "unpark versions", 2,
+                      "UPDATE %1$s o SET available_at = now(), last_error_code = NULL,"
+                      " last_error_message = NULL, updated_at = clock_timestamp()"
+                      " WHERE o.outbox_id = ANY (ARRAY("
+                      "  SELECT outbox_id FROM (SELECT outbox_id, status, aggregate_version,"
+                      "   min(aggregate_version) FILTER (WHERE status = 'DEAD')"
+                      "    OVER (PARTITION BY tenant_id, aggregate_type, aggregate_id) AS dead_v"
+                      "   FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity') inf"
+                      "  WHERE status IN ('PENDING', 'FAILED')"
+                      "  AND (dead_v IS NULL OR aggregate_version < dead_v OR $2 = 1) LIMIT $1))"
+                      " AND o.published_at IS NULL AND o.available_at = 'infinity'"
+                      " AND o.status IN ('PENDING', 'FAILED')"},
+        /* Counts in enum db_row_status order, then the oldest due row's age:
+         * exact over unpublished rows (the partial indexes' predicate);
+         * PUBLISHED, which may be millions of rows, from the statistics
+         * collector's live-row count (approximate, never a table scan). */
+        [S_SAMPLE] = {"sample", "sample", 0,
+                      "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
+                      " count(*) FILTER (WHERE status = 'PUBLISHING'),"
+                      " greatest(coalesce((SELECT n_live_tup FROM pg_stat_user_tables"
+                      "  WHERE relid = '%1$s'::regclass), 0) - count(*), 0)::float8,"
+                      " count(*) FILTER (WHERE status = 'FAILED'),"
+                      " count(*) FILTER (WHERE status = 'DEAD'),"
+                      " coalesce(extract(epoch FROM now() - min(created_at)"
+                      "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
+                      " FROM %1$s WHERE published_at IS NULL"},
+#ifdef OUTBOX_TEST_HOOKS
+        /* A sample as slow as a large backlog makes it. */
+        [S_TEST_SLEEP] = {"test_sleep", "test hook", 1, "SELECT pg_sleep($1 / 1000.0)"},
+#endif
+};
+const size_t db_table_stmt_count = S_COUNT;
+
+/* Runs a row-count statement with up to two integer parameters. */
+static int run_count(struct db *db, int stmt, long long p1, long long p2, long long *n,
+                     char *errstr, size_t size) {
+        char a[24], b[24];
+        const char *params[2] = {a, b};
+        *n = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, size, "not connected");
+        snprintf(a, sizeof a, "%lld", p1);
+        snprintf(b, sizeof b, "%lld", p2);
+        return db_run_count(db, &db_table_stmts[stmt], params, n, errstr, size);
+}
+
+int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
+                   size_t errstr_size) {
+        return run_count(db, S_RESET_STALE, lock_timeout_s, limit, n, errstr, errstr_size);
+}
+
+int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
+                        size_t errstr_size) {
+        return run_count(db, S_DELETE_PUBLISHED, retention_s, limit, n, errstr, errstr_size);
+}
+
+int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size) {
+        return run_count(db, S_PARK, limit, 0, n, errstr, errstr_size);
+}
+
+int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
+                      size_t errstr_size) {
+        return run_count(db, S_UNPARK, limit, all ? 1 : 0, n, errstr, errstr_size);
+}
+
+int db_sample(struct db *db, double counts[DB_ROW_STATUS_COUNT], double *oldest_age_s, char *errstr,
+              size_t errstr_size) {
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+#ifdef OUTBOX_TEST_HOOKS
+        if (db->test_sample_delay_ms) {
+                char ms[16];
+                const char *p[1] = {ms};
+                snprintf(ms, sizeof ms, "%d", db->test_sample_delay_ms);
+                PQclear(db_run(db, &db_table_stmts[S_TEST_SLEEP], p, PGRES_TUPLES_OK, errstr,
+                               errstr_size));
+        }
+#endif
+        PGresult *r =
+                db_run(db, &db_table_stmts[S_SAMPLE], NULL, PGRES_TUPLES_OK, errstr, errstr_size);
+        if (!r)
+                return -1;
+        int rows = PQntuples(r);
+        if (rows != 1) {
+                PQclear(r);
+                return errstr_set(errstr, errstr_size, "sample: %d rows", rows);
+        }
+        for (int i = 0; i < DB_ROW_STATUS_COUNT; i++)
+                counts[i] = strtod(PQgetvalue(r, 0, i), NULL);
+        *oldest_age_s = strtod(PQgetvalue(r, 0, DB_ROW_STATUS_COUNT), NULL);
+        PQclear(r);
+        return 0;
+}
