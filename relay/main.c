@@ -1,10 +1,11 @@
-/* outbox-relay: publishes PostgreSQL outbox rows to Kafka (DESIGN.md). */
+/* outbox-relay: publishes PostgreSQL outbox rows to Kafka (docs/DESIGN.md). */
 #include <malloc.h>
 
 #include "kafka.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "relay.h"
+#include "zstd_reuse.h"
 
 int main(int argc, char **argv) {
         struct lifecycle lc;
@@ -13,11 +14,11 @@ int main(int argc, char **argv) {
 
         /* No fastbins: a batch frees thousands of small blocks at once (the
          * messages' headers, after their delivery reports), and the next
-         * large allocation (a libpq result) then made glibc consolidate
+         * large allocation (a libpq result) would make glibc consolidate
          * them all, every batch. Without fastbins the frees coalesce as they
-         * come; the malloc share of the main thread falls (RESULTS.md). A
-         * failure only leaves glibc's default. */
+         * come. A failure only leaves glibc's default. */
         (void)mallopt(M_MXFAST, 0);
+        zstd_reuse_init();
 
         int rc = lifecycle_start(&lc, CONFIG_RELAY, argc, argv, kafka_conf_check);
         if (rc < 0) {
