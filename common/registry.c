@@ -14,6 +14,9 @@
 #define BUCKETS  256
 #define MAX_BODY (64 * 1024)
 
+static const struct registry_error unavailable = {"REGISTRY_UNAVAILABLE", 1};
+static const struct registry_error rejected = {"REGISTRY_REJECTED", 0};
+
 struct entry {
         struct entry *next;
         uint64_t schema_hash;
@@ -141,13 +144,13 @@ static void json_message(const char *body, char *out, size_t size) {
         out[i] = '\0';
 }
 
-/* One POST; 0 with *id, or -1 with *code and errstr. */
+/* One POST; 0 with *id, or -1 with *why and errstr. */
 static int lookup(struct registry *reg, const char *subject, const char *schema_json, int *id,
-                  const char **code, char *errstr, size_t errstr_size) {
+                  struct registry_error *why, char *errstr, size_t errstr_size) {
         struct buf url = {0}, body = {0}, resp = {0};
         char *esc = curl_easy_escape(reg->curl, subject, 0);
         int rc = -1;
-        *code = "REGISTRY_UNAVAILABLE";
+        *why = unavailable;
         if (!esc || buf_appendf(&url, "%s/subjects/%s/versions", reg->url, esc) ||
             buf_append(&body, "{\"schema\":", 10) || buf_append_json_string(&body, schema_json) ||
             buf_append(&body, "}", 1)) {
@@ -185,7 +188,7 @@ static int lookup(struct registry *reg, const char *subject, const char *schema_
         char msg[120];
         json_message(text, msg, sizeof msg);
         if (status < 500 && status != 429)
-                *code = "REGISTRY_REJECTED";
+                *why = rejected;
         snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s", reg->redacted,
                  subject, status, *msg ? ": " : "", msg);
 done:
@@ -197,7 +200,7 @@ done:
 }
 
 int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json, int *id,
-                       const char **code, char *errstr, size_t errstr_size) {
+                       struct registry_error *why, char *errstr, size_t errstr_size) {
         uint64_t sh = fnv1a(schema_json);
         struct entry **slot = &reg->buckets[fnv1a(subject) % BUCKETS];
         for (struct entry **e = slot; *e; e = &(*e)->next) {
@@ -213,13 +216,13 @@ int registry_schema_id(struct registry *reg, const char *subject, const char *sc
                 break;
         }
         if (reg->down_until > clock_mono_s()) {
-                *code = "REGISTRY_UNAVAILABLE";
+                *why = unavailable;
                 snprintf(errstr, errstr_size, "%s (not retried for %d ms)", reg->down_reason,
                          REGISTRY_RETRY_MS);
                 return -1;
         }
-        if (lookup(reg, subject, schema_json, id, code, errstr, errstr_size) != 0) {
-                if (!strcmp(*code, "REGISTRY_UNAVAILABLE")) {
+        if (lookup(reg, subject, schema_json, id, why, errstr, errstr_size) != 0) {
+                if (why->unavailable) {
                         reg->down_until = clock_mono_s() + REGISTRY_RETRY_MS / 1000.0;
                         snprintf(reg->down_reason, sizeof reg->down_reason, "%s", errstr);
                 }

@@ -28,13 +28,20 @@ struct registry *registry_new(const char *url, char *errstr, size_t errstr_size)
 /* Frees everything. NULL is a no-op. */
 void registry_destroy(struct registry *reg);
 
+/* Why registry_schema_id() failed. */
+struct registry_error {
+        const char *code; /* "REGISTRY_UNAVAILABLE" or "REGISTRY_REJECTED"; static */
+        int unavailable;  /* REGISTRY_UNAVAILABLE: the registry could not answer, which
+                           * says nothing about what was asked */
+};
+
 /* The id of `schema_json` under `subject`, from the cache or the registry.
- * 0 with *id set, or -1 with *code (static string: "REGISTRY_UNAVAILABLE" or
- * "REGISTRY_REJECTED") and errstr set (no credentials in it). A given subject
- * is assumed to be always asked with the same schema text; a different text
- * for a cached subject is looked up again and replaces the entry. */
+ * 0 with *id set, or -1 with *why and errstr set (no credentials in it). A
+ * given subject is assumed to be always asked with the same schema text; a
+ * different text for a cached subject is looked up again and replaces the
+ * entry. */
 int registry_schema_id(struct registry *reg, const char *subject, const char *schema_json, int *id,
-                       const char **code, char *errstr, size_t errstr_size)
+                       struct registry_error *why, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 /* Requests sent so far (for tests of the cache). */

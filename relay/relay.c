@@ -8,15 +8,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "avroenc.h"
 #include "clock.h"
 #include "db.h"
 #include "encode.h"
 #include "kafka.h"
 #include "lifecycle.h"
 #include "log.h"
+#include "message.h"
 #include "metrics.h"
-#include "registry.h"
 
 #define SAMPLE_INTERVAL_S 10.0
 /* The table sample counts every unpublished row: with a large backlog it
@@ -40,6 +39,7 @@ struct row_state {
         int done; /* outcome known (delivery report or produce error) */
         int ok;
         int permanent;
+        int uncounted;    /* the attempt does not count (the schema registry was down) */
         int released;     /* never produced: goes back unattempted (DB_MARK_RELEASED) */
         int wave;         /* position in its aggregate's run of versions in the batch */
         const char *code; /* static: rd_kafka_err2name() or our own codes */
@@ -62,16 +62,9 @@ struct relay {
         double ahead_after;    /* no lock ahead before this (monotonic) */
         struct row_state *rows;
         struct db_outcome *outs;
-        struct buf topic, value, scratch;
-        struct encode_header hdrs[ENCODE_MAX_HEADERS];
-        /* the value serializer: OUTBOX_ENVELOPE_FIELDS, and for avro the
-         * encoder and (with OUTBOX_SCHEMA_REGISTRY_URL) the registry client */
-        struct encode_fields fields;
-        struct avroenc *avro;
-        struct registry *registry;
-        struct buf subject;
-        double next_sample; /* no table sample before this (monotonic) */
-        int sample_slow;    /* the last sample stretched the interval */
+        struct message *message; /* what a row becomes on Kafka */
+        double next_sample;      /* no table sample before this (monotonic) */
+        int sample_slow;         /* the last sample stretched the interval */
         int reconnect_ms;
         long seen_connects;   /* db_connects() when own locks were last checked */
         int unmarked;         /* a batch could not be marked before stopping */
@@ -120,19 +113,14 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 goto fail;
         }
         db_set_test_hooks(r->db, cfg->test_lock_delay_ms, cfg->test_sample_delay_ms);
-        if (encode_fields_parse(cfg->envelope_fields, &r->fields, errstr, errstr_size) != 0)
+        r->message = message_new(cfg, errstr, errstr_size);
+        if (!r->message)
                 goto fail;
-        if (cfg->serialization == SERIALIZATION_AVRO) {
-                r->avro = avroenc_new(cfg->value_format, &r->fields, errstr, errstr_size);
-                if (!r->avro)
-                        goto fail;
-                if (*cfg->schema_registry_url &&
-                    !(r->registry = registry_new(cfg->schema_registry_url, errstr, errstr_size)))
-                        goto fail;
+        unsigned long long fingerprint;
+        int registry;
+        if (message_avro(r->message, &fingerprint, &registry))
                 log_info("relay", "avro value schema", "fingerprint=%016llx registry=%s",
-                         (unsigned long long)avroenc_fingerprint(r->avro),
-                         r->registry ? "yes" : "no");
-        }
+                         fingerprint, registry ? "yes" : "no");
         r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
         if (!r->kafka)
                 goto fail;
@@ -158,20 +146,17 @@ void relay_destroy(struct relay *r) {
                         free(r->rows[i].topic);
         free(r->rows);
         free(r->outs);
-        buf_free(&r->topic);
-        buf_free(&r->value);
-        buf_free(&r->scratch);
-        buf_free(&r->subject);
-        avroenc_destroy(r->avro);
-        registry_destroy(r->registry);
+        message_destroy(r->message);
         free(r);
 }
 
 /* A row that never reached the producer. */
-static void row_fail(struct row_state *st, int permanent, const char *code, const char *msg) {
+static void row_fail(struct row_state *st, int permanent, int uncounted, const char *code,
+                     const char *msg) {
         st->done = 1;
         st->ok = 0;
         st->permanent = permanent;
+        st->uncounted = uncounted;
         st->code = code;
         snprintf(st->message, sizeof st->message, "%.159s", msg);
         encode_utf8_clean(st->message); /* cut mid-character, or foreign text */
@@ -179,73 +164,29 @@ static void row_fail(struct row_state *st, int permanent, const char *code, cons
 
 /* Encodes and produces row i; records an immediate failure in its state. */
 static void produce_row(struct relay *r, size_t i) {
-        const struct config *cfg = r->cfg;
         const struct outbox_event *ev = &r->batch.events[i];
         struct row_state *st = &r->rows[i];
-        char err[160];
+        struct message_parts m;
+        struct message_error why;
 
-        if (encode_topic(cfg->topic_template, ev, &r->topic) != 0) {
-                row_fail(st, 1, "ENCODE_FAILED", "topic could not be formed");
+        int built = message_build(r->message, ev, &m, &why);
+        /* the topic outlives the message: the delivery report's metrics and
+         * the log name it */
+        if (m.topic && !(st->topic = strdup(m.topic))) {
+                row_fail(st, 0, 0, "ENCODE_FAILED", "out of memory");
                 return;
         }
-        st->topic = strdup(r->topic.data);
-        if (!st->topic) {
-                row_fail(st, 0, "ENCODE_FAILED", "out of memory");
+        if (built != 0) {
+                row_fail(st, why.permanent, why.uncounted, why.code, why.text);
                 return;
         }
-        /* The schema id (subject <topic>-value) goes into a header; a
-         * tombstone has no value, so it needs no schema. */
-        int schema_id = -1;
-        char sid[16];
-        if (r->registry && ev->payload) {
-                const char *code;
-                buf_reset(&r->subject);
-                if (buf_appendf(&r->subject, "%s-value", st->topic) != 0) {
-                        row_fail(st, 0, "ENCODE_FAILED", "out of memory");
-                        return;
-                }
-                if (registry_schema_id(r->registry, r->subject.data, avroenc_schema_json(r->avro),
-                                       &schema_id, &code, err, sizeof err) != 0) {
-                        row_fail(st, 0, code, err); /* retriable, never DEAD at once */
-                        return;
-                }
-                snprintf(sid, sizeof sid, "%d", schema_id);
-        }
-        int n = encode_headers_fields(
-                ev, cfg->producer_name, r->avro ? "application/avro" : "application/json",
-                schema_id >= 0 ? sid : NULL, &r->fields, r->hdrs, &r->scratch, err, sizeof err);
-        if (n < 0) {
-                row_fail(st, 1, "INVALID_HEADERS", err);
-                return;
-        }
-        const void *value = NULL;
-        size_t value_len = 0;
-        if (ev->payload && r->avro) {
-                if (avroenc_encode(r->avro, ev, schema_id, &r->value, err, sizeof err) != 0) {
-                        row_fail(st, 1, "ENCODE_FAILED", err);
-                        return;
-                }
-                value = r->value.data;
-                value_len = r->value.len;
-        } else if (ev->payload && cfg->value_format == VALUE_PAYLOAD) {
-                value = ev->payload;
-                value_len = ev->payload_len;
-        } else if (ev->payload) {
-                if (encode_envelope_json_fields(ev, &r->fields, &r->value) != 0) {
-                        row_fail(st, 0, "ENCODE_FAILED", "out of memory encoding the envelope");
-                        return;
-                }
-                value = r->value.data;
-                value_len = r->value.len;
-        }
-        const char *key = ev->partition_key ? ev->partition_key : ev->aggregate_id;
-        st->size = value_len;
+        st->size = m.value_len;
         struct kafka_result res;
-        if (kafka_produce(r->kafka, st->topic, key, strlen(key), value, value_len, r->hdrs, n, st,
-                          &res) != 0)
-                row_fail(st, res.permanent, res.code, res.message);
+        if (kafka_produce(r->kafka, m.topic, m.key, m.key_len, m.value, m.value_len, m.headers,
+                          m.header_count, st, &res) != 0)
+                row_fail(st, res.permanent, 0, res.code, res.message);
         else
-                metrics_observe(M_EVENT_SIZE, (double)value_len);
+                metrics_observe(M_EVENT_SIZE, (double)m.value_len);
 }
 
 /* kafka_wait() tick: reads the lock ahead's rows as they come, so the
@@ -274,7 +215,7 @@ static int await_reports(struct relay *r, int wave) {
                 http_heartbeat(r->http);
         for (size_t i = 0; i < r->batch.count; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].done)
-                        row_fail(&r->rows[i], 0, "_TIMED_OUT", "no delivery report in time");
+                        row_fail(&r->rows[i], 0, 0, "_TIMED_OUT", "no delivery report in time");
         int fatal = kafka_fatal(r->kafka, err, sizeof err);
         if (!fatal && kafka_outstanding(r->kafka) == 0)
                 return 0;
@@ -287,7 +228,7 @@ static int await_reports(struct relay *r, int wave) {
         log_error("kafka", "rebuilding the producer", "reason=%s", log_quote(err));
         for (size_t i = 0; i < r->batch.count; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].ok)
-                        row_fail(&r->rows[i], 0, "_FATAL", err);
+                        row_fail(&r->rows[i], 0, 0, "_FATAL", err);
         kafka_destroy(r->kafka);
         r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
         if (!r->kafka) {
@@ -325,9 +266,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
                         continue;
                 }
-                /* An unreachable schema registry says nothing about the row:
-                 * it never uses up attempts (issue 5: registry down, never DEAD). */
-                int counts = !st->code || strcmp(st->code, "REGISTRY_UNAVAILABLE") != 0;
+                int counts = !st->uncounted;
                 if (st->permanent || (counts && ev->attempt_count >= cfg->max_attempts)) {
                         o->mark = DB_MARK_DEAD;
                         if (!st->permanent) {

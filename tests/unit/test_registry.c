@@ -93,8 +93,8 @@ static struct registry *client(const char *userinfo) {
 Test(registry, registers_and_caches_per_subject) {
         reg = client("");
         int id = -1;
-        const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code,
+        struct registry_error why = {0};
+        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &why,
                                         err, sizeof err),
                      0, "%s", err);
         cr_assert_eq(id, 42);
@@ -105,14 +105,14 @@ Test(registry, registers_and_caches_per_subject) {
                   "%s", srv.request);
         /* cached: no second request */
         srv.body = "{\"id\":7}";
-        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &code,
+        cr_assert_eq(registry_schema_id(reg, "orders-value", "{\"type\":\"string\"}", &id, &why,
                                         err, sizeof err),
                      0);
         cr_assert_eq(id, 42);
         cr_assert_eq(registry_requests(reg), 1);
         /* another subject: asked */
-        cr_assert_eq(registry_schema_id(reg, "a b/c-value", "{\"type\":\"string\"}", &id, &code,
-                                        err, sizeof err),
+        cr_assert_eq(registry_schema_id(reg, "a b/c-value", "{\"type\":\"string\"}", &id, &why, err,
+                                        sizeof err),
                      0);
         cr_assert_eq(id, 7);
         cr_assert(strstr(srv.request, "POST /subjects/a%20b%2Fc-value/versions "), "%s",
@@ -125,15 +125,16 @@ Test(registry, rejected_is_its_own_code) {
         srv.status = "409 Conflict";
         srv.body = "{\"error_code\":409,\"message\":\"Schema being registered is incompatible\"}";
         int id = -1;
-        const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        struct registry_error why = {0};
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_REJECTED");
+        cr_assert_str_eq(why.code, "REGISTRY_REJECTED");
+        cr_assert(!why.unavailable);
         cr_assert(strstr(err, "HTTP 409: Schema being registered is incompatible"), "%s", err);
         /* not negatively cached: the next call asks again */
         srv.status = "200 OK";
         srv.body = "{\"id\":3}";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      0);
         cr_assert_eq(id, 3);
 }
@@ -143,21 +144,23 @@ Test(registry, server_error_is_unavailable_and_not_retried_at_once) {
         srv.status = "503 Service Unavailable";
         srv.body = "{}";
         int id = -1;
-        const char *code = NULL;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        struct registry_error why = {0};
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
+        cr_assert_str_eq(why.code, "REGISTRY_UNAVAILABLE");
+        cr_assert(why.unavailable);
         cr_assert(strstr(err, "HTTP 503"), "%s", err);
         cr_assert(!strstr(err, "hunter2"), "password in %s", err);
         cr_assert(strcasestr(srv.request, "Authorization: Basic "), "userinfo is basic auth");
         srv.status = "200 OK";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
+        cr_assert_str_eq(why.code, "REGISTRY_UNAVAILABLE");
+        cr_assert(why.unavailable);
         cr_assert_eq(registry_requests(reg), 1, "asked again within REGISTRY_RETRY_MS");
         srv.body = "{\"id\":5}";
         usleep((REGISTRY_RETRY_MS + 100) * 1000);
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      0, "%s", err);
         cr_assert_eq(id, 5);
 }
@@ -175,27 +178,30 @@ Test(registry, connection_refused_and_bad_body) {
         reg = registry_new(url, err, sizeof err);
         cr_assert(reg);
         int id;
-        const char *code;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        struct registry_error why;
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
+        cr_assert_str_eq(why.code, "REGISTRY_UNAVAILABLE");
+        cr_assert(why.unavailable);
         registry_destroy(reg);
 
         reg = client("");
         srv.body = "{\"no\":\"id\"}";
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_REJECTED");
+        cr_assert_str_eq(why.code, "REGISTRY_REJECTED");
+        cr_assert(!why.unavailable);
 }
 
 Test(registry, slow_registry_times_out, .timeout = 20) {
         reg = client("");
         srv.hang_ms = REGISTRY_TIMEOUT_MS + 1500;
         int id;
-        const char *code;
-        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &code, err, sizeof err),
+        struct registry_error why;
+        cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
                      -1);
-        cr_assert_str_eq(code, "REGISTRY_UNAVAILABLE");
+        cr_assert_str_eq(why.code, "REGISTRY_UNAVAILABLE");
+        cr_assert(why.unavailable);
         cr_assert(strstr(err, "imeout") || strstr(err, "timed out"), "%s", err);
 }
 
