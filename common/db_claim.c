@@ -12,17 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
 #include "db_internal.h"
 #include "encode.h"
 #include "errstr.h"
 
-/* Lock statements whose rows one batch may hold: the lock, a top-up, and
- * db_lock_more()'s. */
+/* Lock statements whose rows one batch may hold. */
 #define BATCH_RESULTS_MAX 3
-/* After a top-up that found nothing, how long not to try again: its scan
- * steps over every blocked row. */
-#define TOPUP_PAUSE_S 1.0
 
 /* Rows this relay holds. */
 #define HELD " AND status = 'PUBLISHING' AND locked_by = $1"
@@ -160,11 +155,10 @@ enum {
 };
 
 const struct db_stmt db_claim_stmts[S_COUNT] = {
-        /* OUTBOX_ORDERING=none: every row of the window. */
+        /* The statements of enum db_lock_kind. */
         [S_LOCK_UNORDERED] = {"lock_unordered", "lock_unordered", 2,
                               LOCK_WINDOW("") LOCK_TAIL("vis")},
         [S_LOCK_RUNS] = {"lock_runs", "lock_runs", 2, LOCK_WINDOW("") LOCK_RUNS LOCK_TAIL("ready")},
-        /* For rows the window could not reach: only to top up a short batch. */
         [S_LOCK_HEADS] = {"lock_heads", "lock_heads", 2,
                           LOCK_WINDOW(LOCK_HEAD_GUARD) LOCK_TAIL("vis")},
         /* Rows locked but never produced go back as they were, the attempt
@@ -247,7 +241,8 @@ static int send_lock(struct db *db, const struct db_stmt *stmt, int limit, char 
 /* Waits for the result of the lock statement sent last (NULL with errstr set).
  * An error after the rows (the statement commits at its end, and may fail
  * there, or the connection may be lost before) wins, as in PQexecPrepared(). */
-static PGresult *get_lock(struct db *db, const struct db_stmt *stmt, char *errstr, size_t size) {
+static PGresult *get_lock(struct db *db, const struct db_stmt *stmt, int *unknown, char *errstr,
+                          size_t size) {
         PGresult *r = PQgetResult(db->conn), *more;
         while ((more = PQgetResult(db->conn)) != NULL) {
                 if (PQresultStatus(more) == PGRES_TUPLES_OK) {
@@ -264,25 +259,13 @@ static PGresult *get_lock(struct db *db, const struct db_stmt *stmt, char *errst
                  * error, a commit that failed, a backend terminated by an
                  * administrator or a shutdown) rolled the statement back. A
                  * connection lost without one leaves its outcome unknown. */
-                db->locks_unknown |= PQstatus(db->conn) != CONNECTION_OK &&
-                                     !PQresultErrorField(r, PG_DIAG_SQLSTATE) && !db->closing;
+                *unknown = PQstatus(db->conn) != CONNECTION_OK &&
+                           !PQresultErrorField(r, PG_DIAG_SQLSTATE) && !db->closing;
                 PQclear(r);
                 db_check_conn(db);
                 return NULL;
         }
         return r;
-}
-
-/* Runs one lock statement and waits for it (NULL with errstr set). */
-static PGresult *run_lock(struct db *db, const struct db_stmt *stmt, int limit, char *errstr,
-                          size_t size) {
-        return send_lock(db, stmt, limit, errstr, size) == 0 ? get_lock(db, stmt, errstr, size)
-                                                             : NULL;
-}
-
-/* The window lock statement: with the per-aggregate guard, or without. */
-static const struct db_stmt *window_lock(int ordering_aggregate) {
-        return &db_claim_stmts[ordering_aggregate ? S_LOCK_RUNS : S_LOCK_UNORDERED];
 }
 
 /* Parses PostgreSQL's float8 text of an epoch ("1763856000.123456"): plain
@@ -333,122 +316,77 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
 #undef S
 }
 
-int db_lock_send(struct db *db, int limit, int ordering_aggregate, int top_up, char *errstr,
+/* Adds r's rows to b, which keeps r (a result without rows is freed). */
+static int add_rows(struct db_batch *b, PGresult *r, int *unknown, char *errstr, size_t size) {
+        size_t add = (size_t)PQntuples(r);
+        struct batch_results *br = b->priv;
+        struct outbox_event *ev = NULL;
+        if (add == 0) {
+                PQclear(r);
+                return 0;
+        }
+        if (br && br->n == BATCH_RESULTS_MAX) {
+                errstr_set(errstr, size, "a batch takes at most %d lock statements",
+                           BATCH_RESULTS_MAX);
+                goto fail;
+        }
+        if (!(ev = realloc(b->events, (b->count + add) * sizeof *b->events))) {
+                errstr_set(errstr, size, "out of memory for %zu rows", add);
+                goto fail;
+        }
+        b->events = ev; /* they point into the results, which stay where they are */
+        if (!br && !(br = b->priv = calloc(1, sizeof *br))) {
+                errstr_set(errstr, size, "out of memory for %zu rows", add);
+                goto fail;
+        }
+        fill_events(r, ev + b->count);
+        b->count += add;
+        br->r[br->n++] = r;
+        return 0;
+fail:
+        *unknown = 1; /* the rows stay PUBLISHING */
+        PQclear(r);
+        return -1;
+}
+
+static const struct db_stmt *lock_stmt(enum db_lock_kind kind) {
+        return &db_claim_stmts[kind == DB_LOCK_RUNS    ? S_LOCK_RUNS
+                               : kind == DB_LOCK_HEADS ? S_LOCK_HEADS
+                                                       : S_LOCK_UNORDERED];
+}
+
+int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, char *errstr,
                  size_t errstr_size) {
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
         if (db->lock_sent)
                 return errstr_set(errstr, errstr_size, "a lock statement is in flight");
-        const struct db_stmt *stmt = window_lock(ordering_aggregate);
+        const struct db_stmt *stmt = lock_stmt(kind);
         if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
                 return -1;
         db->lock_sent = stmt;
-        db->lock_limit = limit;
-        db->lock_top_up = ordering_aggregate && top_up;
         return 0;
 }
 
-int db_lock_receive(struct db *db, struct db_batch *out, char *errstr, size_t errstr_size) {
-        struct batch_results *br = NULL;
+int db_lock_receive(struct db *db, struct db_batch *b, int *unknown, char *errstr,
+                    size_t errstr_size) {
         const struct db_stmt *stmt = db->lock_sent;
-        memset(out, 0, sizeof *out);
+        *unknown = 0;
         if (!stmt)
                 return errstr_set(errstr, errstr_size, "no lock statement in flight");
         db->lock_sent = NULL;
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
-        br = calloc(1, sizeof *br);
-        if (!br) {
-                /* the statement's result must still be read off the wire */
-                PGresult *r;
-                while ((r = PQgetResult(db->conn)) != NULL)
-                        PQclear(r);
-                db->locks_unknown = 1;
-                return errstr_set(errstr, errstr_size, "out of memory");
-        }
-        br->r[0] = get_lock(db, stmt, errstr, errstr_size);
-        if (!br->r[0])
-                goto fail;
-        int limit = db->lock_limit, n0 = PQntuples(br->r[0]);
-        /* A short batch under the guard: the window may have been full of
-         * blocked versions, with heads of other aggregates behind them. */
-        if (db->lock_top_up && n0 < limit && clock_mono_s() >= db->topup_after) {
-                if (!(br->r[1] = run_lock(db, &db_claim_stmts[S_LOCK_HEADS], limit - n0, errstr,
-                                          errstr_size))) {
-                        db->locks_unknown = 1; /* r[0]'s rows stay PUBLISHING */
-                        goto fail;
-                }
-                if (PQntuples(br->r[1]) == 0)
-                        db->topup_after = clock_mono_s() + TOPUP_PAUSE_S;
-        }
-        size_t n = (size_t)n0 + (size_t)(br->r[1] ? PQntuples(br->r[1]) : 0);
-        if (n == 0) {
-                PQclear(br->r[0]);
-                PQclear(br->r[1]);
-                free(br);
-                return 0;
-        }
-        out->events = calloc(n, sizeof *out->events);
-        if (!out->events) {
-                errstr_set(errstr, errstr_size, "out of memory for %zu rows", n);
-                db->locks_unknown = 1; /* the rows stay PUBLISHING */
-                goto fail;
-        }
-        /* The two sets hold different aggregates (a run's aggregate has its
-         * head locked, so lock_heads cannot take it): each aggregate's rows
-         * stay together, in version order. */
-        fill_events(br->r[0], out->events);
-        if (br->r[1])
-                fill_events(br->r[1], out->events + n0);
-        br->n = br->r[1] ? 2 : 1;
-        out->count = n;
-        out->priv = br;
-        return 0;
-fail:
-        PQclear(br->r[0]);
-        PQclear(br->r[1]);
-        free(br);
-        return -1;
+        PGresult *r = get_lock(db, stmt, unknown, errstr, errstr_size);
+        return r ? add_rows(b, r, unknown, errstr, errstr_size) : -1;
 }
 
-int db_lock_batch(struct db *db, int limit, int ordering_aggregate, struct db_batch *out,
-                  char *errstr, size_t errstr_size) {
-        memset(out, 0, sizeof *out);
-        if (db_lock_send(db, limit, ordering_aggregate, 1, errstr, errstr_size) != 0)
+int db_lock(struct db *db, enum db_lock_kind kind, int limit, struct db_batch *b, int *unknown,
+            char *errstr, size_t errstr_size) {
+        *unknown = 0;
+        if (db_lock_send(db, kind, limit, errstr, errstr_size) != 0)
                 return -1;
-        return db_lock_receive(db, out, errstr, errstr_size);
-}
-
-int db_lock_more(struct db *db, int limit, int ordering_aggregate, struct db_batch *b, char *errstr,
-                 size_t errstr_size) {
-        struct batch_results *br = b->priv;
-        if (!br || br->n == BATCH_RESULTS_MAX || limit <= 0)
-                return 0;
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        PGresult *r = run_lock(db, window_lock(ordering_aggregate), limit, errstr, errstr_size);
-        if (!r)
-                return -1;
-        size_t add = (size_t)PQntuples(r);
-        struct outbox_event *ev =
-                add ? realloc(b->events, (b->count + add) * sizeof *b->events) : NULL;
-        if (!ev) {
-                PQclear(r);
-                if (!add)
-                        return 0;
-                db->locks_unknown = 1; /* the rows it locked stay PUBLISHING */
-                return errstr_set(errstr, errstr_size, "out of memory for %zu rows", add);
-        }
-        /* the events point into the results, which stay where they are */
-        b->events = ev;
-        fill_events(r, ev + b->count);
-        b->count += add;
-        br->r[br->n++] = r;
-        return 0;
-}
-
-int db_locks_unknown(const struct db *db) {
-        return db->locks_unknown;
+        return db_lock_receive(db, b, unknown, errstr, errstr_size);
 }
 
 int db_lock_in_flight(const struct db *db) {
@@ -610,8 +548,5 @@ int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
         snprintf(m, sizeof m, "%d", max_attempts);
-        if (db_run_count(db, &db_claim_stmts[S_TAKE_BACK_OWN], params, n, errstr, errstr_size) != 0)
-                return -1;
-        db->locks_unknown = 0;
-        return 0;
+        return db_run_count(db, &db_claim_stmts[S_TAKE_BACK_OWN], params, n, errstr, errstr_size);
 }

@@ -17,12 +17,6 @@ struct db {
         /* db_lock_send() sent this lock statement; db_lock_receive() owes its
          * result before the connection takes anything else */
         const struct db_stmt *lock_sent;
-        int lock_limit, lock_top_up;
-        double topup_after; /* monotonic time before which lock_heads is skipped */
-        /* a lock statement may have locked rows that no caller got (its
-         * outcome was lost with the connection, or its rows could not be
-         * handed over): db_take_back_own() clears it */
-        int locks_unknown;
         int closing; /* the server said it is closing this connection (FATAL) */
         int test_lock_delay_ms, test_sample_delay_ms;
 };

@@ -1,13 +1,13 @@
-/* relay.c - lock -> produce -> wait for delivery reports -> mark. */
+/* relay.c - the relay's loop: lock a batch, produce it in waves, mark it. */
 #include "relay.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "claims.h"
 #include "clock.h"
 #include "db.h"
 #include "encode.h"
@@ -23,16 +23,14 @@
  * many times as long as the last one took, so sampling keeps to about 2 % of
  * the relay's time however large the backlog. */
 #define SAMPLE_SPACING 50.0
-/* After a stop request, how long marking may keep retrying a lost database. */
-#define STOP_MARK_GRACE_S 30.0
-/* A batch locked ahead (while the one before it was published) goes out only
- * if its lock is at most this old; older (the batch before it waited for a
- * broker), it is released unproduced and locked again later, so no lock lives
- * much longer than one batch's delivery timeout (which OUTBOX_LOCK_TIMEOUT_S
- * must outlast). */
-#define AHEAD_MAX_AGE_S 5.0
-/* After a lock ahead found nothing, how long not to try again. */
-#define AHEAD_PAUSE_S 1.0
+/* librdkafka's own message timeout may report up to about a second late
+ * (timeout scans); messages sent just before every broker went away are not
+ * timed out at all by the idempotent producer until it reconnects. Past the
+ * delivery timeout plus this slack the batch is purged, so a batch (and a
+ * SIGTERM) waits at most about the delivery timeout. */
+#define DELIVERY_SLACK_MS 1000
+/* /healthz tolerates a wave's whole delivery timeout (broker down) plus this. */
+#define STALL_SLACK_S 60
 
 /* What happened to one row of the batch. */
 struct row_state {
@@ -52,23 +50,13 @@ struct relay {
         const struct config *cfg;
         struct http *http;
         struct db *db;
-        struct kafka *kafka;
-        unsigned seed;
-        struct db_batch batch;
-        /* the next batch, locked while `batch` was being published (none
-         * while next.count is 0) */
-        struct db_batch next;
-        double next_locked_at; /* when its lock statement was sent */
-        double ahead_after;    /* no lock ahead before this (monotonic) */
-        struct row_state *rows;
-        struct db_outcome *outs;
+        struct claims *claims;   /* the rows this relay holds */
         struct message *message; /* what a row becomes on Kafka */
-        double next_sample;      /* no table sample before this (monotonic) */
-        int sample_slow;         /* the last sample stretched the interval */
-        int reconnect_ms;
-        long seen_connects;   /* db_connects() when own locks were last checked */
-        int unmarked;         /* a batch could not be marked before stopping */
-        double stop_deadline; /* set at the first stop-time retry: when to give up */
+        struct kafka *kafka;
+        struct row_state *rows; /* of the batch being published */
+        unsigned seed;
+        double next_sample; /* no table sample before this (monotonic) */
+        int sample_slow;    /* the last sample stretched the interval */
 };
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
@@ -81,6 +69,7 @@ long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *se
         return half + (d - half > 0 ? (long long)(rand_r(seed) % (d - half + 1)) : 0);
 }
 
+/* Records the outcome in the row's state, nothing more. */
 static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx) {
         struct row_state *st = opaque;
         (void)ctx;
@@ -104,15 +93,16 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->cfg = cfg;
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-        r->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
         r->rows = calloc((size_t)cfg->batch_size, sizeof *r->rows);
-        r->outs = calloc((size_t)cfg->batch_size, sizeof *r->outs);
         r->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
-        if (!r->rows || !r->outs || !r->db) {
+        if (!r->rows || !r->db) {
                 snprintf(errstr, errstr_size, "out of memory");
                 goto fail;
         }
         db_set_test_hooks(r->db, cfg->test_lock_delay_ms, cfg->test_sample_delay_ms);
+        r->claims = claims_new(cfg, r->db, http, errstr, errstr_size);
+        if (!r->claims)
+                goto fail;
         r->message = message_new(cfg, errstr, errstr_size);
         if (!r->message)
                 goto fail;
@@ -127,7 +117,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         /* A wave may wait a whole delivery timeout for its reports (broker
          * down): /healthz must not call that a stall and get the pod killed. */
         if (http)
-                http_set_stall(http, kafka_delivery_timeout_ms(r->kafka) / 1000 + 60);
+                http_set_stall(http, kafka_delivery_timeout_ms(r->kafka) / 1000 + STALL_SLACK_S);
         return r;
 fail:
         relay_destroy(r);
@@ -137,15 +127,13 @@ fail:
 void relay_destroy(struct relay *r) {
         if (!r)
                 return;
-        kafka_destroy(r->kafka);
-        db_batch_clear(&r->batch);
-        db_batch_clear(&r->next);
+        kafka_destroy(r->kafka); /* first: its reports point into the rows */
+        claims_destroy(r->claims);
         db_destroy(r->db);
         if (r->rows)
                 for (int i = 0; i < r->cfg->batch_size; i++)
                         free(r->rows[i].topic);
         free(r->rows);
-        free(r->outs);
         message_destroy(r->message);
         free(r);
 }
@@ -162,10 +150,8 @@ static void row_fail(struct row_state *st, int permanent, int uncounted, const c
         encode_utf8_clean(st->message); /* cut mid-character, or foreign text */
 }
 
-/* Encodes and produces row i; records an immediate failure in its state. */
-static void produce_row(struct relay *r, size_t i) {
-        const struct outbox_event *ev = &r->batch.events[i];
-        struct row_state *st = &r->rows[i];
+/* Encodes and produces one row; records an immediate failure in its state. */
+static void produce_row(struct relay *r, const struct outbox_event *ev, struct row_state *st) {
         struct message_parts m;
         struct message_error why;
 
@@ -189,31 +175,18 @@ static void produce_row(struct relay *r, size_t i) {
                 metrics_observe(M_EVENT_SIZE, (double)m.value_len);
 }
 
-/* kafka_wait() tick: reads the lock ahead's rows as they come, so the
- * server finishes its transaction (row locks, snapshot) without waiting for
- * the delivery reports. */
-static int poll_next(void *arg) {
-        struct relay *r = arg;
-        return db_lock_poll(r->db);
-}
-
-/* librdkafka's own message timeout may report up to about a second late
- * (timeout scans); messages sent just before every broker went away are not
- * timed out at all by the idempotent producer until it reconnects. Past the
- * delivery timeout plus this slack the batch is purged, so a batch (and a
- * SIGTERM) waits at most about the delivery timeout. */
-#define DELIVERY_SLACK_MS 1000
-
 /* Waits for every delivery report of wave `wave` (bounded by the delivery
- * timeout), then handles a fatal producer error: acknowledged rows stay
- * acknowledged, the wave's others fail and the producer is rebuilt. */
-static int await_reports(struct relay *r, int wave) {
+ * timeout), reading the lock ahead's rows as they come so the server
+ * finishes that transaction meanwhile. Then handles a fatal producer error:
+ * acknowledged rows stay acknowledged, the wave's others fail and the
+ * producer is rebuilt. */
+static int await_reports(struct relay *r, size_t n, int wave) {
         char err[512];
         kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS,
-                   db_lock_in_flight(r->db) ? poll_next : NULL, r);
+                   claims_ahead_pending(r->claims) ? claims_poll_ahead : NULL, r->claims);
         if (r->http)
                 http_heartbeat(r->http);
-        for (size_t i = 0; i < r->batch.count; i++)
+        for (size_t i = 0; i < n; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].done)
                         row_fail(&r->rows[i], 0, 0, "_TIMED_OUT", "no delivery report in time");
         int fatal = kafka_fatal(r->kafka, err, sizeof err);
@@ -226,7 +199,7 @@ static int await_reports(struct relay *r, int wave) {
                          kafka_outstanding(r->kafka));
         }
         log_error("kafka", "rebuilding the producer", "reason=%s", log_quote(err));
-        for (size_t i = 0; i < r->batch.count; i++)
+        for (size_t i = 0; i < n; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].ok)
                         row_fail(&r->rows[i], 0, 0, "_FATAL", err);
         kafka_destroy(r->kafka);
@@ -238,15 +211,64 @@ static int await_reports(struct relay *r, int wave) {
         return 0;
 }
 
+/* Numbers each row's position in its aggregate's run of consecutive versions
+ * (rows come ordered by aggregate and version; without the guard every row is
+ * wave 0). Version n+1 is produced in the wave after n, once n's delivery
+ * report said it was acknowledged: an idempotent producer keeps order within a
+ * partition but may leave a gap when a message times out, and a later version
+ * must never reach Kafka before an earlier one. Returns the wave count. */
+static int assign_waves(struct relay *r, const struct db_batch *b) {
+        int waves = 0;
+        for (size_t i = 0; i < b->count; i++) {
+                const struct outbox_event *e = &b->events[i], *p = e - 1;
+                free(r->rows[i].topic);
+                memset(&r->rows[i], 0, sizeof r->rows[i]);
+                if (i > 0 && r->cfg->ordering == ORDERING_AGGREGATE &&
+                    !strcmp(e->aggregate_id, p->aggregate_id) &&
+                    !strcmp(e->aggregate_type, p->aggregate_type) &&
+                    !strcmp(e->tenant_id, p->tenant_id))
+                        r->rows[i].wave = r->rows[i - 1].wave + 1;
+                if (r->rows[i].wave + 1 > waves)
+                        waves = r->rows[i].wave + 1;
+        }
+        return waves;
+}
+
+/* Produces the batch wave by wave, each wave's reports awaited before the
+ * next; a version whose predecessor was not acknowledged (or after a stop
+ * request, or a lost producer) is not produced but given back. -1 when the
+ * producer could not be rebuilt. */
+static int produce_waves(struct relay *r, const struct db_batch *b, volatile sig_atomic_t *stop) {
+        int waves = assign_waves(r, b);
+        int rc = 0;
+        for (int w = 0; w < waves; w++) {
+                for (size_t i = 0; i < b->count; i++) {
+                        struct row_state *st = &r->rows[i];
+                        if (st->wave != w)
+                                continue;
+                        /* rows[i - 1] is the previous version of the same aggregate */
+                        if (w > 0 && (rc != 0 || *stop || !r->rows[i - 1].ok)) {
+                                st->done = st->released = 1;
+                                continue;
+                        }
+                        produce_row(r, &b->events[i], st);
+                }
+                if (rc == 0)
+                        rc = await_reports(r, b->count, w);
+        }
+        return rc;
+}
+
 /* Turns row states into outcomes and counts them in the metrics. */
-static size_t build_outcomes(struct relay *r, double acked_at) {
+static size_t build_outcomes(struct relay *r, const struct db_batch *b, struct db_outcome *outs,
+                             double acked_at) {
         const struct config *cfg = r->cfg;
-        size_t n = r->batch.count, failed = 0, dead = 0;
+        size_t n = b->count, failed = 0, dead = 0;
         const char *first_code = NULL;
         for (size_t i = 0; i < n; i++) {
-                const struct outbox_event *ev = &r->batch.events[i];
+                const struct outbox_event *ev = &b->events[i];
                 struct row_state *st = &r->rows[i];
-                struct db_outcome *o = &r->outs[i];
+                struct db_outcome *o = &outs[i];
                 o->outbox_id = ev->outbox_id;
                 o->tid = ev->tid;
                 o->code = st->code;
@@ -266,8 +288,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
                         continue;
                 }
-                int counts = !st->uncounted;
-                if (st->permanent || (counts && ev->attempt_count >= cfg->max_attempts)) {
+                if (st->permanent || (!st->uncounted && ev->attempt_count >= cfg->max_attempts)) {
                         o->mark = DB_MARK_DEAD;
                         if (!st->permanent) {
                                 char why[sizeof st->message];
@@ -283,7 +304,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         dead++;
                 } else {
                         o->mark = DB_MARK_FAILED;
-                        o->uncounted = !counts;
+                        o->uncounted = st->uncounted;
                         o->delay_ms = relay_backoff_ms(ev->attempt_count, cfg->backoff_initial_ms,
                                                        cfg->backoff_max_ms, &r->seed);
                         metrics_add(M_EVENTS_FAILED, st->code, 1);
@@ -298,51 +319,24 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
         return n;
 }
 
-/* Connects if needed; on failure waits the backoff and returns -1. */
-static int ensure_db(struct relay *r, volatile sig_atomic_t *stop) {
-        return lifecycle_ensure_db(r->db, &r->reconnect_ms, r->http, stop);
-}
-
-/* After a stop request, between retries of the database: 1 once
- * STOP_MARK_GRACE_S have passed since the first such retry (one grace for
- * the whole stop), else pauses briefly and returns 0. */
-static int stop_grace_over(struct relay *r) {
-        if (r->stop_deadline == 0)
-                r->stop_deadline = clock_mono_s() + STOP_MARK_GRACE_S;
-        else if (clock_mono_s() > r->stop_deadline)
-                return 1;
-        struct timespec ts = {0, 200000000L};
-        nanosleep(&ts, NULL);
-        return 0;
-}
-
-/* Marks the batch, retrying through database outages: rows must not stay
- * PUBLISHING. After a stop request it gives up after STOP_MARK_GRACE_S (the
- * sweeper returns what is left). */
-static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
-        char err[512];
-        for (;;) {
-                size_t lost = 0;
-                if (ensure_db(r, stop) == 0 &&
-                    db_mark(r->db, r->outs, n, &lost, err, sizeof err) == 0) {
-                        if (lost) {
-                                metrics_add(M_LOCK_LOST, NULL, (double)lost);
-                                log_warn("relay", "locks lost before marking", "rows=%zu", lost);
-                        }
-                        r->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
-                        return 0;
-                }
-                if (db_connected(r->db)) {
-                        /* connected but failing: wait like a reconnect would */
-                        log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
-                                 r->reconnect_ms, log_quote(err));
-                        lifecycle_backoff(r->http, &r->reconnect_ms, stop);
-                }
-                if (*stop && stop_grace_over(r)) {
-                        log_error("relay", "cannot mark the batch before stopping", "rows=%zu", n);
-                        return -1;
-                }
-        }
+/* One batch: lock (and lock the next one ahead), produce in waves, mark.
+ * Returns rows locked, or -1. */
+static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
+        double started = clock_mono_s();
+        const struct db_batch *b;
+        if (claims_lock(r->claims, stop, &b) != 0)
+                return -1;
+        if (b->count == 0)
+                return 0;
+        int rc = produce_waves(r, b, stop);
+        claims_receive_ahead(r->claims);
+        size_t n = build_outcomes(r, b, claims_outcomes(r->claims), clock_wall_s());
+        if (claims_settle(r->claims, n, stop) != 0)
+                rc = -1;
+        metrics_add(M_BATCHES, NULL, 1);
+        metrics_observe(M_BATCH_DURATION, clock_mono_s() - started);
+        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, clock_mono_s() - started);
+        return rc == 0 ? (long)n : -1;
 }
 
 static void sample_table(struct relay *r) {
@@ -373,175 +367,11 @@ static void sample_table(struct relay *r) {
         metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
 }
 
-/* Numbers each row's position in its aggregate's run of consecutive versions
- * (rows come ordered by aggregate and version; without the guard every row is
- * wave 0). Version n+1 is produced in the wave after n, once n's delivery
- * report said it was acknowledged: an idempotent producer keeps order within a
- * partition but may leave a gap when a message times out, and a later version
- * must never reach Kafka before an earlier one (G2). Returns the wave count. */
-static int assign_waves(struct relay *r) {
-        int waves = 0;
-        for (size_t i = 0; i < r->batch.count; i++) {
-                const struct outbox_event *e = &r->batch.events[i], *p = e - 1;
-                free(r->rows[i].topic);
-                memset(&r->rows[i], 0, sizeof r->rows[i]);
-                if (i > 0 && r->cfg->ordering == ORDERING_AGGREGATE &&
-                    !strcmp(e->aggregate_id, p->aggregate_id) &&
-                    !strcmp(e->aggregate_type, p->aggregate_type) &&
-                    !strcmp(e->tenant_id, p->tenant_id))
-                        r->rows[i].wave = r->rows[i - 1].wave + 1;
-                if (r->rows[i].wave + 1 > waves)
-                        waves = r->rows[i].wave + 1;
-        }
-        return waves;
-}
-
-/* Hands the rows of r->next back unproduced (DB_MARK_RELEASED: the attempt does
- * not count). -1 when they could not be marked before a stop. */
-static int release_next(struct relay *r, volatile sig_atomic_t *stop) {
-        size_t n = r->next.count;
-        for (size_t i = 0; i < n; i++) {
-                memset(&r->outs[i], 0, sizeof r->outs[i]);
-                r->outs[i].outbox_id = r->next.events[i].outbox_id;
-                r->outs[i].mark = DB_MARK_RELEASED;
-        }
-        int rc = mark_batch(r, n, stop);
-        if (rc != 0)
-                r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
-        db_batch_clear(&r->next);
-        return rc;
-}
-
-/* Moves the batch locked ahead into r->batch when it may still go out; 1 if
- * it did. A batch held too long goes back. Its connection is the one it was
- * locked on: after a reconnect, reclaim() released it before any batch ran. */
-static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
-        if (!r->next.count)
-                return 0;
-        if (*stop) {
-                release_next(r, stop); /* a stopping relay publishes no new batch */
-                return 0;
-        }
-        if (clock_mono_s() - r->next_locked_at > AHEAD_MAX_AGE_S) {
-                log_warn("relay", "releasing a batch locked ahead: held too long", "rows=%zu",
-                         r->next.count);
-                release_next(r, stop);
-                return 0;
-        }
-        r->batch = r->next;
-        memset(&r->next, 0, sizeof r->next);
-        /* Locked ahead, the batch may have come short: versions whose
-         * predecessors were still in flight. Now that those may be marked,
-         * fill it up (each batch costs a produce request per partition). */
-        if (r->batch.count < (size_t)r->cfg->batch_size && db_connected(r->db)) {
-                char err[512];
-                if (db_lock_more(r->db, r->cfg->batch_size - (int)r->batch.count,
-                                 r->cfg->ordering == ORDERING_AGGREGATE, &r->batch, err,
-                                 sizeof err) != 0)
-                        log_warn("db", "filling up a batch locked ahead failed", "err=%s",
-                                 log_quote(err));
-        }
-        return 1;
-}
-
-/* Collects the rows of the lock statement sent ahead (at `sent`) into r->next. */
-static void receive_next(struct relay *r, double sent) {
-        char err[512];
-        if (db_lock_receive(r->db, &r->next, err, sizeof err) != 0) {
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
-                return;
-        }
-        if (r->next.count == 0)
-                r->ahead_after = clock_mono_s() + AHEAD_PAUSE_S;
-        r->next_locked_at = sent;
-}
-
-/* One batch: lock (or take the batch locked ahead), lock the next one ahead
- * while this one is produced wave by wave and acknowledged, mark. Returns
- * rows locked, or -1. The guard keeps the two batches apart: a version whose
- * predecessor is in this batch is not ready for the next. */
-static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
-        char err[512];
-        double started = clock_mono_s();
-        int ordering = r->cfg->ordering == ORDERING_AGGREGATE;
-        if (!take_next(r, stop)) {
-                if (*stop)
-                        return 0; /* releasing the batch locked ahead took the stop request */
-                if (db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err,
-                                  sizeof err) != 0) {
-                        log_warn("db", "lock batch failed", "err=%s", log_quote(err));
-                        return -1;
-                }
-        }
-        size_t n = r->batch.count;
-        if (n == 0)
-                return 0;
-        double ahead_sent = clock_mono_s();
-        if (!*stop && ahead_sent >= r->ahead_after &&
-            db_lock_send(r->db, r->cfg->batch_size, ordering, 0, err, sizeof err) != 0)
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
-        int waves = assign_waves(r);
-        int rc = 0;
-        for (int w = 0; w < waves; w++) {
-                for (size_t i = 0; i < n; i++) {
-                        struct row_state *st = &r->rows[i];
-                        if (st->wave != w)
-                                continue;
-                        /* rows[i - 1] is the previous version of the same aggregate */
-                        if (w > 0 && (rc != 0 || *stop || !r->rows[i - 1].ok)) {
-                                st->done = st->released = 1;
-                                continue;
-                        }
-                        produce_row(r, i);
-                }
-                if (rc == 0)
-                        rc = await_reports(r, w);
-        }
-        if (db_lock_in_flight(r->db))
-                receive_next(r, ahead_sent);
-        build_outcomes(r, clock_wall_s());
-        if (mark_batch(r, n, stop) != 0) {
-                r->unmarked = 1; /* left PUBLISHING: the sweeper returns them */
-                rc = -1;
-        }
-        db_batch_clear(&r->batch);
-        metrics_add(M_BATCHES, NULL, 1);
-        metrics_observe(M_BATCH_DURATION, clock_mono_s() - started);
-        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, clock_mono_s() - started);
-        return rc == 0 ? (long)n : -1;
-}
-
-/* After every (re)connect, with no batch in flight: rows this relay id still
- * holds are orphans (a lock statement whose result the lost connection took
- * with it, or an earlier process with this id that died): take them back at
- * once instead of waiting for the sweeper's lock timeout. */
-static int take_back_own(struct relay *r) {
-        char err[512];
-        long long n;
-        if (db_take_back_own(r->db, r->cfg->max_attempts, &n, err, sizeof err) != 0) {
-                log_warn("db", "taking back own locks failed", "err=%s", log_quote(err));
-                return -1;
-        }
-        r->seen_connects = db_connects(r->db);
-        if (n)
-                log_warn("relay", "took back rows locked under this relay id", "rows=%lld", n);
-        return 0;
-}
-
-/* Whether this relay id may hold rows it does not know of: the connection
- * was replaced since own locks were last checked, or a lock statement's
- * rows were lost (db_locks_unknown()). */
-static int may_hold_unknown(struct relay *r) {
-        return db_connects(r->db) != r->seen_connects || db_locks_unknown(r->db);
-}
-
-/* Then, with no batch in flight: the batch locked ahead goes back
- * unattempted (its rows are still this relay's, and the mark is fenced),
- * and whatever else this relay id holds is taken back. */
-static int reclaim(struct relay *r, volatile sig_atomic_t *stop) {
-        if (r->next.count && release_next(r, stop) != 0)
-                return -1;
-        return take_back_own(r);
+/* The liveness signals of one loop turn: /healthz and the heartbeat gauge. */
+static void heartbeat(struct relay *r) {
+        if (r->http)
+                http_heartbeat(r->http);
+        metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
 }
 
 int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
@@ -549,15 +379,9 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                  r->cfg->relay_id, r->cfg->table, r->cfg->batch_size,
                  r->cfg->ordering == ORDERING_AGGREGATE ? "aggregate" : "none");
         while (!*stop) {
-                if (r->http)
-                        http_heartbeat(r->http);
-                metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
-                if (ensure_db(r, stop) != 0)
+                heartbeat(r);
+                if (claims_ready(r->claims, stop) != 0)
                         continue;
-                if (may_hold_unknown(r) && reclaim(r, stop) != 0) {
-                        lifecycle_nap(r->http, r->cfg->poll_interval_ms, stop);
-                        continue;
-                }
                 if (r->http)
                         http_set_ready(r->http, kafka_broker_up(r->kafka));
                 sample_table(r);
@@ -573,20 +397,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
                         log_warn("db", "connection lost while idle", NULL);
                 kafka_poll(r->kafka, 0);
         }
-        if (r->next.count)
-                release_next(r, stop);
-        /* rows a lost lock statement may hold: taken back if the database
-         * can be reached within the stop grace */
-        while (may_hold_unknown(r)) {
-                if (ensure_db(r, stop) == 0 && take_back_own(r) == 0)
-                        break;
-                if (stop_grace_over(r)) {
-                        log_error("relay", "rows a lost lock statement may hold stay PUBLISHING",
-                                  "relay_id=%s", r->cfg->relay_id);
-                        r->unmarked = 1; /* the sweeper returns them */
-                        break;
-                }
-        }
+        claims_finish(r->claims, stop);
         log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
-        return r->unmarked || !r->kafka ? 1 : 0;
+        return claims_left_behind(r->claims) || !r->kafka ? 1 : 0;
 }

@@ -2,8 +2,8 @@
  * the relay is measured against (tests/bench/run, row 1 and 3).
  *
  * usage: outbox-bench-sqlcycle drain URL TABLE BATCH CLIENTS TOTAL
- *            CLIENTS threads, each with its own connection, repeat
- *            db_lock_batch() (aggregate guard on, as the relay's default)
+ *            CLIENTS threads, each with its own connection, repeat the
+ *            relay's lock (aggregate guard on, as the relay's default)
  *            and db_mark() with every outcome PUBLISHED until TOTAL rows
  *            have been marked by all of them together.
  *        outbox-bench-sqlcycle lock URL TABLE BATCH REPS
@@ -36,13 +36,35 @@ struct client {
         double backend_cpu_s; /* the client's PostgreSQL backend, read at the end */
 };
 
+/* After a top-up that found nothing, how long not to try again (as the relay). */
+#define TOPUP_PAUSE_S 1.0
+
+/* The relay's lock of a batch without a lock ahead (relay/claims.c): the
+ * window under the guard, topped up with aggregates' heads when short. */
+static int lock_batch(struct db *db, struct db_batch *b, double *topup_after, char *err,
+                      size_t size) {
+        int unknown;
+        if (db_lock(db, DB_LOCK_RUNS, batch, b, &unknown, err, size) != 0)
+                return -1;
+        size_t got = b->count;
+        if (got < (size_t)batch && clock_mono_s() >= *topup_after) {
+                if (db_lock(db, DB_LOCK_HEADS, batch - (int)got, b, &unknown, err, size) != 0)
+                        return -1;
+                if (b->count == got)
+                        *topup_after = clock_mono_s() + TOPUP_PAUSE_S;
+        }
+        return 0;
+}
+
 /* One lock+mark cycle; returns rows locked or -1. */
-static long cycle(struct db *db, struct db_outcome *outs, double *lock_s, double *mark_s) {
+static long cycle(struct db *db, struct db_outcome *outs, double *topup_after, double *lock_s,
+                  double *mark_s) {
         char err[512];
-        struct db_batch b;
+        struct db_batch b = {0};
         double t0 = clock_mono_s();
-        if (db_lock_batch(db, batch, 1, &b, err, sizeof err) != 0) {
+        if (lock_batch(db, &b, topup_after, err, sizeof err) != 0) {
                 fprintf(stderr, "sqlcycle: %s\n", err);
+                db_batch_clear(&b);
                 return -1;
         }
         double t1 = clock_mono_s();
@@ -104,12 +126,13 @@ static void *drain(void *arg) {
         struct client *c = arg;
         struct db *db = open_db(c->id);
         struct db_outcome *outs = calloc((size_t)batch, sizeof *outs);
+        double topup_after = 0;
         if (!db || !outs) {
                 atomic_store(&failed, 1);
                 goto out;
         }
         while (atomic_load(&marked) < total && !atomic_load(&failed)) {
-                long n = cycle(db, outs, &c->lock_s, &c->mark_s);
+                long n = cycle(db, outs, &topup_after, &c->lock_s, &c->mark_s);
                 if (n < 0) {
                         atomic_store(&failed, 1);
                         break;
@@ -145,12 +168,13 @@ static int run_lock(int reps) {
         double *lock_ms = calloc((size_t)reps, sizeof *lock_ms);
         double *mark_ms = calloc((size_t)reps, sizeof *mark_ms);
         long long rows = 0;
+        double topup_after = 0;
         int rc = 1, done = 0;
         if (!db || !outs || !lock_ms || !mark_ms)
                 goto out;
         for (; done < reps; done++) {
                 double l = 0, m = 0;
-                long n = cycle(db, outs, &l, &m);
+                long n = cycle(db, outs, &topup_after, &l, &m);
                 if (n < 0)
                         goto out;
                 if (n == 0)
