@@ -1,5 +1,5 @@
 /* config.h - configuration from flags, environment, a key = value file and
- * defaults, in that order of precedence (DESIGN.md, "Configuration"). The only
+ * defaults, in that order of precedence (docs/DESIGN.md, "Configuration"). The only
  * module that reads the environment. */
 #ifndef OUTBOX_CONFIG_H
 #define OUTBOX_CONFIG_H

@@ -19,7 +19,7 @@
 /* Lock statements whose rows one batch may hold. */
 #define BATCH_RESULTS_MAX 3
 
-/* Rows this relay holds. */
+/* Rows this relay holds: the fence of every statement but the locks. */
 #define HELD " AND status = 'PUBLISHING' AND locked_by = $1"
 
 /* The columns every lock statement returns, in enum col order (struct
@@ -65,7 +65,7 @@ enum col {
 };
 
 /* The lock statements are a window, a choice of its rows, and a tail
- * (DESIGN.md, "Status machine" steps 1 and 2); $2 is the batch size.
+ * (docs/DESIGN.md, "Status machine" steps 1 and 2); $2 is the batch size.
  *
  * The window: the oldest due rows, lower versions first among rows due at
  * the same time, taken with SKIP LOCKED; `guard` narrows it. `vis` keeps the
@@ -84,9 +84,11 @@ enum col {
         " vis AS MATERIALIZED (SELECT w.* FROM win w"                                              \
         "  WHERE EXISTS (SELECT 1 FROM %1$s c WHERE c.ctid = w.tid))"
 
-/* The guards are scalar subqueries probing downwards from the row: as NOT
- * EXISTS, the planner may hash-join each row with every version of its
- * aggregate, quadratic in a hot aggregate's backlog. */
+/* The guards are scalar subqueries on purpose: as NOT EXISTS, the planner may
+ * hash-join each row with every version of its aggregate, quadratic in a hot
+ * aggregate's backlog. They probe downwards: a blocked version finds its
+ * unpublished predecessor at once; only a head walks past the index entries
+ * its published versions left until VACUUM removes them. */
 
 /* The classic guard: the row is the lowest unpublished version of its
  * aggregate. Its scan steps over blocked rows. */
@@ -98,12 +100,14 @@ enum col {
         "  ORDER BY p.aggregate_version DESC LIMIT 1) IS NULL"
 
 /* Runs of versions: a row of the window is ready when every unpublished
- * version of its aggregate below it is in the window too: nothing
- * unpublished below the aggregate's lowest version there (`behind`), and
- * only versions below the lowest one between its lowest and highest that the
- * window lacks (`missing`; probed only when the window holds more than one
- * version, as rows of one version never hold each other back). The cost
- * follows the window, not the backlog. */
+ * version of its aggregate below it is in the window too. Per aggregate:
+ * nothing unpublished below its lowest version in the window (`behind`), and
+ * only rows below `missing`, the lowest unpublished version between its
+ * lowest and highest that the window lacks (probed only when the window
+ * holds more than one version: rows of one version never hold each other
+ * back). Nothing of an aggregate goes while an earlier version is in flight,
+ * backing off, DEAD or held by another relay; the cost follows the window,
+ * not the backlog. */
 #define LOCK_RUNS                                                                                  \
         ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"                                \
         "  min(aggregate_version) AS lo, max(aggregate_version) AS top"                            \

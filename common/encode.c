@@ -175,7 +175,7 @@ int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {
         return encode_envelope_json_fields(ev, NULL, out);
 }
 
-/* Keys of the envelope itself (DESIGN.md), in order. */
+/* Keys of the envelope itself (docs/DESIGN.md), in order. */
 static const char *const envelope_keys[] = {
         "event_id",       "event_type",   "event_version",     "tenant_id",
         "aggregate_type", "aggregate_id", "aggregate_version", "occurred_at",

@@ -1,5 +1,6 @@
-/* encode.h - what a row becomes on Kafka: topic, key, JSON value, headers.
- * Pure functions over struct outbox_event; no I/O. */
+/* encode.h - the parts of a row's Kafka message: topic, JSON envelope,
+ * headers (message.h puts them together), and the byte buffer they are
+ * written into. Pure functions over struct outbox_event; no I/O. */
 #ifndef OUTBOX_ENCODE_H
 #define OUTBOX_ENCODE_H
 
@@ -35,7 +36,7 @@ void buf_free(struct buf *b);
 int encode_topic(const char *template, const struct outbox_event *ev, struct buf *out)
         __attribute__((warn_unused_result));
 
-/* Writes the DESIGN.md JSON envelope (every key present, null where NULL, the
+/* Writes the docs/DESIGN.md JSON envelope (every key present, null where NULL, the
  * payload JSON embedded as is). 0 on success. */
 int encode_envelope_json(const struct outbox_event *ev, struct buf *out)
         __attribute__((warn_unused_result));

@@ -12,7 +12,7 @@ struct kafka;
 /* The outcome of one message, given to the delivery callback. */
 struct kafka_result {
         int ok;              /* acknowledged by the broker */
-        int permanent;       /* a retry cannot succeed (DESIGN.md step 4) */
+        int permanent;       /* a retry cannot succeed (docs/DESIGN.md step 4) */
         const char *code;    /* rd_kafka_err2name(), e.g. _MSG_TIMED_OUT; static */
         const char *message; /* human text; valid during the callback only */
 };
@@ -21,7 +21,7 @@ struct kafka_result {
  * produced message, with the opaque given to kafka_produce(). */
 typedef void(kafka_delivery_cb)(void *opaque, const struct kafka_result *res, void *ctx);
 
-/* Builds and checks the producer configuration (defaults of DESIGN.md, then
+/* Builds and checks the producer configuration (defaults of docs/DESIGN.md, then
  * cfg->kafka). Does not connect. Returns 0, or -1 with errstr naming the
  * variable (bad or unknown property, idempotence turned off). */
 int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)

@@ -1,5 +1,5 @@
 /* metrics.c - the process's Prometheus metrics: one static table (as HAProxy's
- * promex) with DESIGN.md's names, fixed-size storage, one mutex. */
+ * promex) with docs/DESIGN.md's names, fixed-size storage, one mutex. */
 #include "metrics.h"
 
 #include <math.h>

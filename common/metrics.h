@@ -1,5 +1,5 @@
 /* metrics.h - the process's Prometheus metrics, declared in one static table
- * (metrics.c) with DESIGN.md's names. Thread-safe: the main loop updates, the
+ * (metrics.c) with docs/DESIGN.md's names. Thread-safe: the main loop updates, the
  * HTTP thread renders. */
 #ifndef OUTBOX_METRICS_H
 #define OUTBOX_METRICS_H

@@ -3,7 +3,7 @@
  * outcome the relay does not know (docs/DESIGN.md, "Locking ahead"). This is
  * the one owner of those rows: it locks, fills up, gives back and marks them,
  * and takes back what the relay id holds after a reconnect. Marks retry
- * through database outages; after a stop request, for STOP_GRACE_S. */
+ * through database outages; after a stop request, for at most 30 s. */
 #ifndef OUTBOX_CLAIMS_H
 #define OUTBOX_CLAIMS_H
 

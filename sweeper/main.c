@@ -1,5 +1,5 @@
 /* outbox-sweeper: returns stale PUBLISHING locks and deletes PUBLISHED rows
- * past retention (DESIGN.md). */
+ * past retention (docs/DESIGN.md). */
 #include "lifecycle.h"
 #include "log.h"
 #include "sweeper.h"

@@ -1,4 +1,4 @@
-/* sweeper.c - stale-lock reset and retention delete, in small transactions. */
+/* sweeper.c - stale-lock reset, parking and retention delete, in small transactions. */
 #include "sweeper.h"
 
 #include <limits.h>
@@ -10,6 +10,11 @@
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
+
+/* Rows per parking statement, in OUTBOX_DELETE_BATCH: parking is one pass
+ * over a queue that may be long, each statement reading the parked range
+ * once. */
+#define PARK_BATCH_FACTOR 10
 
 struct sweeper {
         const struct config *cfg;
@@ -53,11 +58,7 @@ void sweeper_destroy(struct sweeper *s) {
         free(s);
 }
 
-/* Rows per parking statement: parking is one pass over a queue that may be
- * long, each statement reading the parked range once. */
-#define PARK_BATCH_FACTOR 10
-
-/* Versions behind a DEAD one (docs/contract-changes.md, "Parking"): unpark
+/* Versions behind a DEAD one (docs/DESIGN.md, "The sweeper"): unpark
  * first, so a requeued aggregate flows again this sweep, then park. A
  * failure is logged and the sweep goes on to retention (e.g. a table whose
  * check 003_park_blocked.sql has not widened yet refuses every park). */

@@ -1,5 +1,5 @@
 /* sweeper.h - returns stale PUBLISHING locks and deletes PUBLISHED rows past
- * retention (DESIGN.md, "outbox-sweeper"). Several instances may run at once:
+ * retention (docs/DESIGN.md, "The sweeper"). Several instances may run at once:
  * every statement takes its rows with FOR UPDATE SKIP LOCKED. */
 #ifndef OUTBOX_SWEEPER_H
 #define OUTBOX_SWEEPER_H

@@ -59,8 +59,8 @@ CREATE TABLE IF NOT EXISTS outbox_event (
 -- leaves for rows a backlog filled pages with. Published and unpublished rows
 -- are told apart by published_at (outbox_event_published_at_check keeps it in
 -- step with status); the mark to PUBLISHED is the one update per row that
--- writes index entries. This halves the index work per row and is what lets
--- PostgreSQL keep up with the relay (tests/bench/RESULTS.md).
+-- writes index entries. This halves the index work per row, which is what
+-- lets PostgreSQL keep up with the relay.
 
 -- The relay's lock scan: unpublished rows in due-time order, lower versions
 -- first among rows due at the same time. Partial, so its size follows the

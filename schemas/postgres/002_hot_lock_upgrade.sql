@@ -1,7 +1,7 @@
 -- 002_hot_lock_upgrade: brings a table that an earlier 001 created (indexes
 -- selecting rows by status, an index on locked_at, no CHECKs on published_at
 -- or available_at) to the current 001: the lock statement is then a HOT
--- update (see 001 and docs/contract-changes.md).
+-- update (see 001 and docs/DESIGN.md).
 --
 -- Safe to apply twice, and a no-op on a table the current 001 created. On a
 -- table that needs it, it rewrites no heap but locks the table while it

@@ -1,7 +1,7 @@
 -- 003_park_blocked: lets the sweeper park PENDING and FAILED versions that
 -- wait behind a DEAD version of their aggregate at available_at 'infinity',
 -- out of the lock scan's range (last_error_code 'BLOCKED'; see
--- docs/contract-changes.md, "Parking"). It widens outbox_event_parked_check
+-- docs/DESIGN.md, "The sweeper"). It widens outbox_event_parked_check
 -- to the definition in the current 001.
 --
 -- Safe to apply twice, and a no-op on a table the current 001 created. The
