@@ -357,7 +357,7 @@ def test_help_and_version(tmp_path):
 
 
 def test_librdkafka_binds_zstd_streams_to_the_relay(tmp_path):
-    """common/kafka.c keeps one zstd context per librdkafka thread: that
+    """common/zstd_reuse.c keeps one zstd context per librdkafka thread: that
     works only while the dynamic linker binds librdkafka's ZSTD_createCStream
     and ZSTD_freeCStream to the relay's own definitions."""
     r = Relay("outbox-relay", args=["--version"], env={"LD_DEBUG": "bindings"}, log_dir=tmp_path,
