@@ -22,6 +22,7 @@ static const char *const value_format_names[] = {"envelope", "payload", NULL};
 static const char *const serialization_names[] = {"json", "avro", NULL};
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
 static const char *const log_format_names[] = {"text", "json", NULL};
+static const char *const bool_names[] = {"false", "true", NULL};
 
 #define BOTH    (CONFIG_RELAY | CONFIG_SWEEPER)
 #define RELAY   CONFIG_RELAY
@@ -67,6 +68,9 @@ static const struct opt opts[] = {
          "json or avro"},
         {"OUTBOX_SCHEMA_REGISTRY_URL", T_STR, "", O(schema_registry_url), RELAY, 0, 0, NULL,
          "Confluent schema registry for avro (optional)"},
+        {"OUTBOX_SCHEMA_REGISTRY_AUTO_REGISTER", T_ENUM, "true", O(schema_registry_auto_register),
+         RELAY, 0, 0, bool_names,
+         "true: register the value schema under <topic>-value; false: only look it up"},
         {"OUTBOX_ENVELOPE_FIELDS", T_STR, "", O(envelope_fields), RELAY, 0, 0, NULL,
          "extra envelope fields: event_key, partition_key, topic_name, "
          "headers_json.<member>[:name],..."},

@@ -33,7 +33,8 @@ struct config {
         int value_format;  /* enum config_value_format */
         int serialization; /* enum config_serialization */
         char *schema_registry_url;
-        char *envelope_fields; /* OUTBOX_ENVELOPE_FIELDS, see encode_fields_parse() */
+        int schema_registry_auto_register; /* 0: look the schema up only */
+        char *envelope_fields;             /* OUTBOX_ENVELOPE_FIELDS, see encode_fields_parse() */
         char *producer_name;
         char *http_addr; /* "off" disables */
         int log_level;   /* enum log_level */

@@ -34,7 +34,9 @@ struct message *message_new(const struct config *cfg, char *errstr, size_t errst
                 if (!m->avro)
                         goto fail;
                 if (*cfg->schema_registry_url &&
-                    !(m->registry = registry_new(cfg->schema_registry_url, errstr, errstr_size)))
+                    !(m->registry = registry_new(cfg->schema_registry_url,
+                                                 cfg->schema_registry_auto_register, errstr,
+                                                 errstr_size)))
                         goto fail;
         }
         return m;

@@ -30,6 +30,7 @@ struct registry {
         CURL *curl;
         struct curl_slist *headers;
         struct entry *buckets[BUCKETS];
+        int auto_register; /* POST .../versions (register) or POST /subjects/<s> (look up) */
         double down_until; /* monotonic seconds */
         char down_reason[200];
         unsigned long requests;
@@ -42,7 +43,8 @@ static uint64_t fnv1a(const char *s) {
         return h;
 }
 
-struct registry *registry_new(const char *url, char *errstr, size_t errstr_size) {
+struct registry *registry_new(const char *url, int auto_register, char *errstr,
+                              size_t errstr_size) {
         if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) {
                 snprintf(errstr, errstr_size,
                          "schema registry URL must start with http:// or https://");
@@ -54,6 +56,7 @@ struct registry *registry_new(const char *url, char *errstr, size_t errstr_size)
                 snprintf(errstr, errstr_size, "cannot initialise libcurl");
                 return NULL;
         }
+        reg->auto_register = auto_register;
         reg->url = strdup(url);
         if (!reg->url)
                 goto oom;
@@ -144,14 +147,16 @@ static void json_message(const char *body, char *out, size_t size) {
         out[i] = '\0';
 }
 
-/* One POST; 0 with *id, or -1 with *why and errstr. */
+/* One POST (register, or look up); 0 with *id, or -1 with *why and errstr. */
 static int lookup(struct registry *reg, const char *subject, const char *schema_json, int *id,
                   struct registry_error *why, char *errstr, size_t errstr_size) {
         struct buf url = {0}, body = {0}, resp = {0};
         char *esc = curl_easy_escape(reg->curl, subject, 0);
         int rc = -1;
         *why = unavailable;
-        if (!esc || buf_appendf(&url, "%s/subjects/%s/versions", reg->url, esc) ||
+        if (!esc ||
+            buf_appendf(&url, "%s/subjects/%s%s", reg->url, esc,
+                        reg->auto_register ? "/versions" : "") ||
             buf_append(&body, "{\"schema\":", 10) || buf_append_json_string(&body, schema_json) ||
             buf_append(&body, "}", 1)) {
                 snprintf(errstr, errstr_size, "out of memory");
@@ -189,8 +194,11 @@ static int lookup(struct registry *reg, const char *subject, const char *schema_
         json_message(text, msg, sizeof msg);
         if (status < 500 && status != 429)
                 *why = rejected;
-        snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s", reg->redacted,
-                 subject, status, *msg ? ": " : "", msg);
+        snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s%s",
+                 reg->redacted, subject, status,
+                 !reg->auto_register && status == 404 ? " (not registered; auto-registration off)"
+                                                      : "",
+                 *msg ? ": " : "", msg);
 done:
         curl_free(esc);
         buf_free(&url);

@@ -4,6 +4,9 @@
  * registry_schema_id() registers (or finds: the call is idempotent on the
  * registry) a schema under a subject with POST <url>/subjects/<subject>/versions
  * {"schema": "<schema JSON text>"} -> {"id": N}, and caches the id per subject.
+ * Without auto-registration it only looks the schema up, with POST
+ * <url>/subjects/<subject> and the same body; a schema the subject does not
+ * hold (HTTP 404) is REGISTRY_REJECTED.
  * Every failure is retriable for the relay: REGISTRY_UNAVAILABLE (transport
  * error, timeout, HTTP 5xx or 429) or REGISTRY_REJECTED (any other answer:
  * 4xx such as an incompatible schema, or a body without an id). After
@@ -21,9 +24,10 @@
 struct registry;
 
 /* Creates a client for base `url` (http:// or https://, userinfo allowed for
- * basic authentication; a trailing '/' is ignored). Does not connect. NULL on
+ * basic authentication; a trailing '/' is ignored) that registers schemas
+ * (`auto_register` nonzero) or only looks them up. Does not connect. NULL on
  * failure (errstr says why). */
-struct registry *registry_new(const char *url, char *errstr, size_t errstr_size);
+struct registry *registry_new(const char *url, int auto_register, char *errstr, size_t errstr_size);
 
 /* Frees everything. NULL is a no-op. */
 void registry_destroy(struct registry *reg);

@@ -110,7 +110,10 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         int registry;
         if (message_avro(r->message, &fingerprint, &registry))
                 log_info("relay", "avro value schema", "fingerprint=%016llx registry=%s",
-                         fingerprint, registry ? "yes" : "no");
+                         fingerprint,
+                         !registry                            ? "no"
+                         : cfg->schema_registry_auto_register ? "register"
+                                                              : "lookup");
         r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
         if (!r->kafka)
                 goto fail;

@@ -260,6 +260,38 @@ def test_registry_rejection_is_retriable_not_dead(db, kafka, tmp_path):
             assert relay.stop() == 0
 
 
+def test_lookup_only_registry_never_registers(db, kafka, tmp_path):
+    # A registry where this client may not register (403), as production
+    # registries often are: the relay only looks the schema up.
+    ids = db.insert_events([{"aggregate_type": "Order", "aggregate_id": "o1",
+                             "aggregate_version": 1, "event_type": "E",
+                             "payload_json": {"k": 1}}])
+    subject = "%s.Order-value" % db.schema
+    with FakeRegistry() as reg:
+        reg.refuse_register = True
+        env = relay_env(db, kafka, OUTBOX_SERIALIZATION="avro",
+                        OUTBOX_SCHEMA_REGISTRY_URL=reg.url,
+                        OUTBOX_SCHEMA_REGISTRY_AUTO_REGISTER="false",
+                        OUTBOX_BACKOFF_INITIAL_MS=100, OUTBOX_BACKOFF_MAX_MS=200)
+        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+            wait_until(lambda: db.count("status = 'FAILED' AND attempt_count >= 2") == 1, 30,
+                       what="row FAILED twice: schema not registered")
+            (row,) = db.rows()
+            assert row["last_error_code"] == "REGISTRY_REJECTED"
+            assert "not registered" in row["last_error_message"]
+            # an operator (or CI) registers the schema; the relay finds it
+            with open(os.path.join(repo_root(), "schemas", "avro", "outbox_envelope.avsc")) as f:
+                sid = reg.register(subject, f.read())
+            wait_until(published(db, 1), 30, what="row PUBLISHED once the schema is registered")
+            assert relay.stop() == 0
+        assert {p for p, _ in reg.posts()} == {"/subjects/%s" % subject}
+        (m,) = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+        assert header(m, "event-id") == ids[0]
+        assert header(m, "schema-id") == str(sid)
+        got, datum = decode_confluent(reg, raw_value(m))
+        assert got == sid and json.loads(datum["payload"]) == {"k": 1}
+
+
 def test_payload_value_format_is_an_avro_string(db, kafka, tmp_path):
     ids = db.insert_events([{"aggregate_type": "Order", "aggregate_id": "o1",
                              "aggregate_version": 1, "event_type": "E",

@@ -5,6 +5,9 @@ Speaks the part of the REST API the relay and Avro consumers use:
     POST /subjects/{subject}/versions   {"schema": "..."} -> {"id": N}
                                         (the same schema under any subject keeps its id;
                                         registering it again is idempotent)
+    POST /subjects/{subject}            {"schema": "..."} -> {"subject", "version", "id",
+                                        "schema"} when the subject holds it, else 404
+                                        (40401 subject, 40403 schema not found)
     GET  /schemas/ids/{id}              -> {"schema": "..."}
     GET  /subjects/{subject}/versions/latest -> {"subject", "version", "id", "schema"}
     GET  /subjects                      -> ["subject", ...]
@@ -16,6 +19,7 @@ Usage:
         reg.fail_with = 503              # "down": every request answers 503
         reg.fail_with = "close"          # ... or the connection is dropped unanswered
         reg.fail_with = None             # up again
+        reg.refuse_register = True       # registering answers 403 (lookups still work)
         reg.requests                     # [(method, path, parsed JSON body or None)]
 
 Run as a program (python3 fake_registry.py [PORT]) it serves until killed and
@@ -78,7 +82,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 json.loads(body["schema"])
             except ValueError:
                 return self._error(422, 42201, "Invalid schema: not JSON")
+            if reg.refuse_register:
+                return self._error(403, 40301, "User is denied operation Write on subject")
             return self._send(200, {"id": reg.register(unquote(m.group(1)), body["schema"])})
+        m = re.fullmatch(r"/subjects/([^/]+)", path)
+        if m and method == "POST":
+            if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+                return self._error(422, 42201, "Invalid schema")
+            found = reg.find(unquote(m.group(1)), body["schema"])
+            if found is None:
+                return self._error(404, 40403, "Schema not found")
+            return self._send(200, found)
         m = re.fullmatch(r"/schemas/ids/(\d+)", path)
         if m and method == "GET":
             schema = reg.schema_by_id(int(m.group(1)))
@@ -110,6 +124,7 @@ class FakeRegistry:
         self.lock = threading.Lock()
         self.requests = []
         self.fail_with = None
+        self.refuse_register = False
         self.schemas = []        # id - 1 -> schema text
         self.subjects = {}       # subject -> [id per version]
         self.server = http.server.ThreadingHTTPServer((host, port), _Handler)
@@ -133,6 +148,16 @@ class FakeRegistry:
             if sid not in versions:
                 versions.append(sid)
             return sid
+
+    def find(self, subject, schema):
+        """The subject's version holding `schema` (as the lookup answers), or None."""
+        with self.lock:
+            canon = json.dumps(json.loads(schema), sort_keys=True)
+            for version, sid in enumerate(self.subjects.get(subject, []), 1):
+                if json.dumps(json.loads(self.schemas[sid - 1]), sort_keys=True) == canon:
+                    return {"subject": subject, "version": version, "id": sid,
+                            "schema": self.schemas[sid - 1]}
+            return None
 
     def schema_by_id(self, sid):
         with self.lock:

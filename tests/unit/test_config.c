@@ -27,6 +27,7 @@ Test(config, defaults) {
         cr_assert_str_eq(cfg.topic_template, "outbox.event.{aggregate_type}");
         cr_assert_str_eq(cfg.http_addr, "0.0.0.0:9464");
         cr_assert_eq(cfg.log_format_json, 1);
+        cr_assert_eq(cfg.schema_registry_auto_register, 1);
         cr_assert(strchr(cfg.relay_id, '-'), "relay id is hostname-pid: %s", cfg.relay_id);
         cr_assert_eq(cfg.kafka_cnt, 1);
         cr_assert_str_eq(cfg.kafka[0].name, "bootstrap.servers");
@@ -162,6 +163,9 @@ Test(config, avro_and_envelope_field_errors_name_the_variable) {
                 const char *var, *val, *want;
         } cases[] = {
                 {"OUTBOX_SERIALIZATION", "protobuf", "OUTBOX_SERIALIZATION: unknown value"},
+                {"OUTBOX_SCHEMA_REGISTRY_AUTO_REGISTER", "maybe",
+                 "OUTBOX_SCHEMA_REGISTRY_AUTO_REGISTER: unknown value 'maybe' (expected one of: "
+                 "false, true)"},
                 {"OUTBOX_SCHEMA_REGISTRY_URL", "registry:8081",
                  "OUTBOX_SCHEMA_REGISTRY_URL: must start with http://"},
                 {"OUTBOX_ENVELOPE_FIELDS", "nope", "OUTBOX_ENVELOPE_FIELDS: unknown source 'nope'"},

@@ -85,7 +85,7 @@ TestSuite(registry, .init = init, .fini = fini);
 static struct registry *client(const char *userinfo) {
         char url[128];
         snprintf(url, sizeof url, "http://%s127.0.0.1:%d/", userinfo, srv.port);
-        struct registry *r = registry_new(url, err, sizeof err);
+        struct registry *r = registry_new(url, 1, err, sizeof err);
         cr_assert(r, "%s", err);
         return r;
 }
@@ -175,7 +175,7 @@ Test(registry, connection_refused_and_bad_body) {
         close(fd);
         char url[64];
         snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
-        reg = registry_new(url, err, sizeof err);
+        reg = registry_new(url, 1, err, sizeof err);
         cr_assert(reg);
         int id;
         struct registry_error why;
@@ -205,7 +205,31 @@ Test(registry, slow_registry_times_out, .timeout = 20) {
         cr_assert(strstr(err, "imeout") || strstr(err, "timed out"), "%s", err);
 }
 
+Test(registry, lookup_only_asks_the_subject_and_never_registers) {
+        char url[128];
+        int id;
+        struct registry_error why;
+        snprintf(url, sizeof url, "http://127.0.0.1:%d", srv.port);
+        reg = registry_new(url, 0, err, sizeof err);
+        cr_assert(reg, "%s", err);
+        srv.body = "{\"subject\":\"o-value\",\"version\":3,\"id\":7,\"schema\":\"\\\"string\\\"\"}";
+        cr_assert_eq(registry_schema_id(reg, "o-value", "\"string\"", &id, &why, err, sizeof err),
+                     0, "%s", err);
+        cr_assert_eq(id, 7);
+        cr_assert(strstr(srv.request, "POST /subjects/o-value HTTP/1.1"), "%s", srv.request);
+        cr_assert_null(strstr(srv.request, "/versions"));
+
+        srv.status = "404 Not Found";
+        srv.body = "{\"error_code\":40403,\"message\":\"Schema not found\"}";
+        cr_assert_eq(registry_schema_id(reg, "p-value", "\"string\"", &id, &why, err, sizeof err),
+                     -1);
+        cr_assert_str_eq(why.code, "REGISTRY_REJECTED");
+        cr_assert(!why.unavailable);
+        cr_assert(strstr(err, "not registered"), "%s", err);
+        cr_assert(strstr(err, "Schema not found"), "%s", err);
+}
+
 Test(registry, url_must_be_http) {
-        cr_assert_null(registry_new("ftp://x", err, sizeof err));
+        cr_assert_null(registry_new("ftp://x", 1, err, sizeof err));
         cr_assert(strstr(err, "http://"), "%s", err);
 }
