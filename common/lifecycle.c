@@ -1,6 +1,10 @@
 /* lifecycle.c - start-up, naps and reconnects shared by both daemons. */
 #include "lifecycle.h"
 
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -9,14 +13,100 @@
 #include "log.h"
 #include "metrics.h"
 
+/* Signals: the handler only sets flags and posts a semaphore
+ * (async-signal-safe); a watcher thread does what needs the log. SIGTERM or
+ * SIGINT asks the loops to stop; a second one exits at once (after the
+ * watcher's line; a third exits even if the watcher is stuck). SIGHUP is
+ * logged and ignored (configuration is read only at start); SIGUSR1 turns on
+ * debug logging, SIGUSR2 restores the configured level. */
 static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_signals, hup_pending, usr1_pending, usr2_pending;
+static sem_t watcher_wake;
+static pthread_t watcher;
+static int watcher_running;
+static atomic_int watcher_quit;
+static atomic_long rows_held;
+static enum log_level configured_level;
 
-/* Only sets the flag; the loops see it. A second signal exits at once. */
 static void on_signal(int sig) {
-        (void)sig;
-        if (stop_requested)
-                _exit(1);
-        stop_requested = 1;
+        int saved = errno;
+        switch (sig) {
+        case SIGTERM:
+        case SIGINT:
+                if (stop_signals >= 2)
+                        _exit(1);
+                stop_signals++;
+                stop_requested = 1;
+                break;
+        case SIGHUP: hup_pending = 1; break;
+        case SIGUSR1: usr1_pending = 1; break;
+        case SIGUSR2: usr2_pending = 1; break;
+        }
+        sem_post(&watcher_wake);
+        errno = saved;
+}
+
+void lifecycle_set_rows_held(long rows) {
+        atomic_store(&rows_held, rows);
+}
+
+static void *watch_signals(void *arg) {
+        const char *mod = arg;
+        for (;;) {
+                while (sem_wait(&watcher_wake) != 0 && errno == EINTR)
+                        ;
+                if (atomic_load(&watcher_quit))
+                        return NULL;
+                if (stop_signals >= 2) {
+                        log_error(mod, "second stop signal: exiting at once", "rows_publishing=%ld",
+                                  atomic_load(&rows_held));
+                        _exit(1);
+                }
+                if (hup_pending) {
+                        hup_pending = 0;
+                        log_info(mod, "SIGHUP ignored: configuration is read only at start", NULL);
+                }
+                if (usr1_pending) {
+                        usr1_pending = 0;
+                        log_setup_level(LOG_DEBUG);
+                        log_info(mod, "log level debug (SIGUSR1; SIGUSR2 restores it)", NULL);
+                }
+                if (usr2_pending) {
+                        usr2_pending = 0;
+                        log_setup_level(configured_level);
+                        log_info(mod, "log level restored (SIGUSR2)", NULL);
+                }
+        }
+}
+
+/* Installs the handlers and starts the watcher; 0 or -1. */
+static int signals_start(const char *mod) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        if (sem_init(&watcher_wake, 0, 0) != 0)
+                return -1;
+        if (pthread_create(&watcher, NULL, watch_signals, (void *)mod) != 0) {
+                sem_destroy(&watcher_wake);
+                return -1;
+        }
+        watcher_running = 1;
+        int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+                if (sigaction(sigs[i], &sa, NULL) != 0)
+                        return -1;
+        return signal(SIGPIPE, SIG_IGN) == SIG_ERR ? -1 : 0;
+}
+
+static void signals_stop(void) {
+        if (!watcher_running)
+                return;
+        atomic_store(&watcher_quit, 1);
+        sem_post(&watcher_wake);
+        pthread_join(watcher, NULL);
+        sem_destroy(&watcher_wake);
+        watcher_running = 0;
 }
 
 int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, char **argv,
@@ -37,12 +127,8 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                 return 2;
         }
 
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
-            signal(SIGPIPE, SIG_IGN) == SIG_ERR) {
+        configured_level = (enum log_level)lc->cfg.log_level;
+        if (signals_start(mod) != 0) {
                 log_error(mod, "cannot install signal handlers", NULL);
                 return 1;
         }
@@ -65,6 +151,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
 }
 
 void lifecycle_finish(struct lifecycle *lc) {
+        signals_stop();
         http_stop(lc->http);
         lc->http = NULL;
         metrics_destroy();

@@ -17,15 +17,20 @@ struct lifecycle {
         volatile sig_atomic_t *stop; /* set by SIGTERM/SIGINT; a second one exits at once */
 };
 
+/* How many rows this process holds in PUBLISHING now: the line a second
+ * stop signal writes before exiting at once says so. */
+void lifecycle_set_rows_held(long rows);
+
 /* Extra validation of a loaded configuration (the relay's librdkafka
  * properties): 0, or -1 with errstr naming the variable. */
 typedef int(lifecycle_check)(const struct config *cfg, char *errstr, size_t errstr_size);
 
 /* Loads the configuration (`check` may be NULL), sets up logging, the signal
- * handlers, metrics and the HTTP server, and logs the start with the database
- * URL redacted. Returns -1 when the program should go on, else the exit code
- * to return at once: 0 after --help/--version, 2 for bad configuration, 1 for a
- * runtime failure. Call lifecycle_finish() in every case. */
+ * handlers (SIGTERM/SIGINT stop; SIGHUP is ignored; SIGUSR1 turns debug
+ * logging on and SIGUSR2 off), metrics and the HTTP server, and logs the
+ * start with the database URL redacted. Returns -1 when the program should go on, else the exit
+ * code to return at once: 0 after --help/--version, 2 for bad configuration, 1 for a runtime
+ * failure. Call lifecycle_finish() in every case. */
 int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, char **argv,
                     lifecycle_check *check) __attribute__((warn_unused_result));
 

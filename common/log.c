@@ -7,19 +7,23 @@
 #include <string.h>
 #include <time.h>
 
-static enum log_level threshold = LOG_INFO;
+static _Atomic int threshold = LOG_INFO;
 static int as_json = 0;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 void log_setup(enum log_level level, int json) {
-        threshold = level;
+        threshold = (int)level;
         as_json = json;
 }
 
+void log_setup_level(enum log_level level) {
+        threshold = (int)level;
+}
+
 int log_enabled(enum log_level level) {
-        return level >= threshold;
+        return (int)level >= threshold;
 }
 
 const char *log_quote(const char *s) {

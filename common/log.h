@@ -7,6 +7,9 @@ enum log_level { LOG_DEBUG = 0, LOG_INFO, LOG_WARN, LOG_ERROR };
 /* Sets the threshold and format; callable before and after other calls. */
 void log_setup(enum log_level level, int json);
 
+/* Changes the threshold only; safe while other threads log. */
+void log_setup_level(enum log_level level);
+
 /* Returns nonzero when a message at `level` would be written. */
 int log_enabled(enum log_level level);
 

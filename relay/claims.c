@@ -134,6 +134,12 @@ static enum db_lock_kind window(const struct claims *c) {
 
 /* Gives the batch locked ahead back unproduced (DB_MARK_RELEASED: the
  * attempt does not count). -1 when it could not be marked before a stop. */
+/* Tells lifecycle how many rows the relay holds now (the line a second stop
+ * signal writes says so). */
+static void report_held(const struct claims *c) {
+        lifecycle_set_rows_held((long)(c->batch.count + c->ahead.count));
+}
+
 static int release_ahead(struct claims *c, volatile sig_atomic_t *stop) {
         size_t n = c->ahead.count;
         for (size_t i = 0; i < n; i++) {
@@ -145,6 +151,7 @@ static int release_ahead(struct claims *c, volatile sig_atomic_t *stop) {
         if (rc != 0)
                 c->left_behind = 1;
         db_batch_clear(&c->ahead);
+        report_held(c);
         return rc;
 }
 
@@ -263,6 +270,7 @@ int claims_lock(struct claims *c, volatile sig_atomic_t *stop, const struct db_b
         }
         if (c->batch.count)
                 lock_ahead(c, stop);
+        report_held(c);
         return 0;
 }
 
@@ -289,6 +297,7 @@ void claims_receive_ahead(struct claims *c) {
         if (c->ahead.count == 0)
                 c->ahead_after = clock_mono_s() + AHEAD_PAUSE_S;
         c->ahead_locked_at = c->ahead_sent;
+        report_held(c);
 }
 
 struct db_outcome *claims_outcomes(struct claims *c) {
@@ -300,6 +309,7 @@ int claims_settle(struct claims *c, size_t n, volatile sig_atomic_t *stop) {
         if (rc != 0)
                 c->left_behind = 1;
         db_batch_clear(&c->batch);
+        report_held(c);
         return rc;
 }
 
