@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "encode.h"
@@ -82,8 +83,9 @@ static const struct opt opts[] = {
          "debug, info, warn or error"},
         {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), BOTH, 0, 0, log_format_names,
          "json or text"},
-        {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), SWEEPER, 1, INT_MAX, NULL,
-         "a PUBLISHING lock older than this is stale"},
+        {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), BOTH, 1, INT_MAX, NULL,
+         "a PUBLISHING lock older than this is stale (the relay checks its delivery "
+         "timeout against it)"},
         {"OUTBOX_SWEEP_INTERVAL_S", T_INT, "30", O(sweep_interval_s), SWEEPER, 1, 86400, NULL,
          "sweeper loop period"},
         {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, LLONG_MAX, NULL,
@@ -319,12 +321,28 @@ static char *trim(char *s) {
 
 #define MAX_KAFKA 256
 
+/* Opens a --config file for reading: a regular file (or a pipe or device),
+ * never a directory. NULL with errstr set. */
+static FILE *open_file(const char *path, char *errstr, size_t size) {
+        FILE *f = fopen(path, "r");
+        struct stat st;
+        if (!f) {
+                errstr_set(errstr, size, "--config: cannot open %s: %s", path, strerror(errno));
+                return NULL;
+        }
+        if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+                fclose(f);
+                errstr_set(errstr, size, "--config: %s is a directory, not a file", path);
+                return NULL;
+        }
+        return f;
+}
+
 static int read_file(struct config *cfg, int *kranks, struct source *src, const char *path,
                      enum config_program prog, char *errstr, size_t size) {
-        FILE *f = fopen(path, "r");
+        FILE *f = open_file(path, errstr, size);
         if (!f)
-                return errstr_set(errstr, size, "--config: cannot open %s: %s", path,
-                                  strerror(errno));
+                return -1;
         char line[4096], where[160];
         int lineno = 0, rc = 0;
         while (fgets(line, sizeof line, f)) {
@@ -375,8 +393,58 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
                         break;
                 }
         }
+        if (rc == 0 && ferror(f))
+                rc = errstr_set(errstr, size, "--config: cannot read %s", path);
         fclose(f);
         return rc;
+}
+
+/* "json"/"text" -> 1/0; anything else -1. */
+static int log_format_value(const char *v) {
+        for (int i = 0; log_format_names[i]; i++)
+                if (strcasecmp(log_format_names[i], v) == 0)
+                        return i;
+        return -1;
+}
+
+int config_log_json_hint(int argc, char **argv) {
+        const char *flag = NULL, *file = NULL;
+        for (int a = 1; a < argc; a++) {
+                const char *arg = argv[a];
+                if (!strncmp(arg, "--log-format=", 13))
+                        flag = arg + 13;
+                else if (!strcmp(arg, "--log-format") && a + 1 < argc)
+                        flag = argv[++a];
+                else if (!strncmp(arg, "--config=", 9))
+                        file = arg + 9;
+                else if (!strcmp(arg, "--config") && a + 1 < argc)
+                        file = argv[++a];
+        }
+        if (flag && log_format_value(flag) >= 0)
+                return log_format_value(flag);
+        const char *env = getenv("OUTBOX_LOG_FORMAT");
+        if (env && log_format_value(env) >= 0)
+                return log_format_value(env);
+        char err[8], line[4096];
+        FILE *f = file ? open_file(file, err, sizeof err) : NULL;
+        int json = 1; /* the default */
+        while (f && fgets(line, sizeof line, f)) {
+                char *eq = strchr(line, '=');
+                if (!eq)
+                        continue;
+                *eq = '\0';
+                char *val = trim(eq + 1);
+                size_t vl = strlen(val);
+                if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+                        val[vl - 1] = '\0';
+                        val++;
+                }
+                if (!strcmp(trim(line), "log_format") && log_format_value(val) >= 0)
+                        json = log_format_value(val);
+        }
+        if (f)
+                fclose(f);
+        return json;
 }
 
 /* Parses src[i] into the config field. */
@@ -572,10 +640,11 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                                                 "-X %s: expected librdkafka property=value", val);
                                 goto done;
                         }
-                        char prop[256];
+                        char prop[256], src_name[270];
                         snprintf(prop, sizeof prop, "%.*s", (int)(peq - val), val);
+                        snprintf(src_name, sizeof src_name, "-X %s", prop);
                         if (cfg->kafka_cnt >= MAX_KAFKA ||
-                            set_kafka(cfg, kranks, prop, peq + 1, 3, "-X") != 0)
+                            set_kafka(cfg, kranks, prop, peq + 1, 3, src_name) != 0)
                                 goto oom;
                         continue;
                 }

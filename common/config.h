@@ -64,6 +64,11 @@ struct config {
 int config_load(struct config *cfg, enum config_program prog, int argc, char **argv, FILE *out,
                 char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
+/* The log format (1 JSON, 0 text) that --log-format, OUTBOX_LOG_FORMAT or the
+ * --config file ask for, read on a best-effort basis, so that a configuration
+ * config_load() refuses is still reported in the format the operator chose. */
+int config_log_json_hint(int argc, char **argv);
+
 /* Frees everything config_load() allocated; safe on a zeroed struct. */
 void config_destroy(struct config *cfg);
 

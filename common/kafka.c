@@ -96,12 +96,31 @@ static int conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, 
         return -1;
 }
 
-/* Where the user set librdkafka property `name` (e.g. the variable's name),
- * or NULL when only defaults set it. */
+/* Property names librdkafka treats as one (its messages use either). */
+static const char *const aliases[][2] = {
+        {"acks", "request.required.acks"},
+        {"delivery.timeout.ms", "message.timeout.ms"},
+        {"max.in.flight", "max.in.flight.requests.per.connection"},
+        {"retries", "message.send.max.retries"},
+        {"linger.ms", "queue.buffering.max.ms"},
+};
+
+static int same_property(const char *a, const char *b) {
+        if (strcmp(a, b) == 0)
+                return 1;
+        for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+                if ((!strcmp(a, aliases[i][0]) && !strcmp(b, aliases[i][1])) ||
+                    (!strcmp(a, aliases[i][1]) && !strcmp(b, aliases[i][0])))
+                        return 1;
+        return 0;
+}
+
+/* Where the user set librdkafka property `name` or an alias of it (e.g. the
+ * variable's name), or NULL when only defaults set it. */
 static const char *user_source(const struct config *cfg, const char *name) {
         const char *src = NULL;
         for (size_t i = 0; i < cfg->kafka_cnt; i++)
-                if (strcmp(cfg->kafka[i].name, name) == 0)
+                if (same_property(cfg->kafka[i].name, name))
                         src = cfg->kafka[i].source;
         return src;
 }
@@ -154,12 +173,103 @@ fail:
         return NULL;
 }
 
+/* A lock must outlive the delivery of its batch (one delivery timeout, plus
+ * the lock-ahead age and marking) by this much, or the sweeper takes back
+ * rows that are still being delivered and they go out twice. */
+#define LOCK_MARGIN_MS 30000
+
+/* Settings librdkafka accepts that break the relay's guarantees. 0, or -1
+ * with errstr naming the setting. */
+static int check_guarantees(const struct config *cfg, rd_kafka_conf_t *conf, char *errstr,
+                            size_t errstr_size) {
+        char v[64];
+        size_t vs = sizeof v;
+        const char *src;
+        if (rd_kafka_conf_get(conf, "transactional.id", v, &vs) == RD_KAFKA_CONF_OK && *v) {
+                src = user_source(cfg, "transactional.id");
+                snprintf(errstr, errstr_size,
+                         "%s: transactional.id is not supported (the relay publishes with an "
+                         "idempotent, non-transactional producer)",
+                         src ? src : "transactional.id");
+                return -1;
+        }
+        vs = sizeof v;
+        if (rd_kafka_conf_get(conf, "partitioner", v, &vs) == RD_KAFKA_CONF_OK &&
+            !strcmp(v, "random")) {
+                src = user_source(cfg, "partitioner");
+                snprintf(errstr, errstr_size,
+                         "%s: partitioner=random spreads one aggregate over partitions and "
+                         "breaks per-aggregate order",
+                         src ? src : "partitioner");
+                return -1;
+        }
+        vs = sizeof v;
+        long long dt = 0;
+        if (rd_kafka_conf_get(conf, "delivery.timeout.ms", v, &vs) == RD_KAFKA_CONF_OK)
+                dt = atoll(v);
+        if (dt + LOCK_MARGIN_MS > (long long)cfg->lock_timeout_s * 1000) {
+                src = user_source(cfg, "delivery.timeout.ms");
+                snprintf(errstr, errstr_size,
+                         "%s: delivery.timeout.ms %lld plus %d s is not below "
+                         "OUTBOX_LOCK_TIMEOUT_S %d s: the sweeper would take back rows still "
+                         "being delivered (lower the delivery timeout, or raise "
+                         "OUTBOX_LOCK_TIMEOUT_S for the relay and the sweeper)",
+                         src ? src : "OUTBOX_LOCK_TIMEOUT_S", dt, LOCK_MARGIN_MS / 1000,
+                         cfg->lock_timeout_s);
+                return -1;
+        }
+        return 0;
+}
+
+static void quiet_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+        (void)rk, (void)level, (void)fac, (void)buf;
+}
+
+/* librdkafka checks its settings together only when a client is made: make
+ * one that knows no broker (so it connects nowhere) and name the setting its
+ * message blames (`acks`, `max.in.flight`, ...). 0 or -1 with errstr. */
+static int check_with_librdkafka(const struct config *cfg, rd_kafka_conf_t *conf, char *errstr,
+                                 size_t errstr_size) {
+        char err[512];
+        rd_kafka_conf_t *trial = rd_kafka_conf_dup(conf);
+        rd_kafka_conf_set_log_cb(trial, quiet_log); /* the real producer logs its warnings */
+        if (rd_kafka_conf_set(trial, "bootstrap.servers", "", err, sizeof err) !=
+            RD_KAFKA_CONF_OK) {
+                rd_kafka_conf_destroy(trial);
+                snprintf(errstr, errstr_size, "%s", err);
+                return -1;
+        }
+        rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, trial, err, sizeof err);
+        if (rk) {
+                rd_kafka_destroy(rk);
+                return 0;
+        }
+        rd_kafka_conf_destroy(trial);
+        /* the setting the message names first, e.g. "`acks` must be ..." */
+        const char *src = NULL, *tick = strchr(err, '`');
+        while (tick && !src) {
+                const char *end = strchr(tick + 1, '`');
+                if (!end)
+                        break;
+                char name[128];
+                snprintf(name, sizeof name, "%.*s", (int)(end - tick - 1), tick + 1);
+                src = user_source(cfg, name);
+                tick = strchr(end + 1, '`');
+        }
+        snprintf(errstr, errstr_size, "%s: %s", src ? src : "OUTBOX_KAFKA_*", err);
+        return -1;
+}
+
 int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size) {
         rd_kafka_conf_t *conf = build_conf(cfg, errstr, errstr_size);
         if (!conf)
                 return -1;
+        int rc = check_guarantees(cfg, conf, errstr, errstr_size) == 0 &&
+                                 check_with_librdkafka(cfg, conf, errstr, errstr_size) == 0
+                         ? 0
+                         : -1;
         rd_kafka_conf_destroy(conf);
-        return 0;
+        return rc;
 }
 
 int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t out_size,

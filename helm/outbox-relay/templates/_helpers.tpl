@@ -187,6 +187,16 @@ env entries for the relay's Kafka settings.
 {{- if not (get $props "bootstrap.servers") }}
 {{- fail "kafka.properties.bootstrap.servers is required (the relay exits 2 without it)" }}
 {{- end }}
+{{- /* The sweeper must not take back locks of batches still being delivered:
+       its lock timeout outlasts the relay's delivery timeout by 30 s (the
+       relay refuses the same at start). */ -}}
+{{- $dt := 120000 -}}
+{{- if hasKey $props "message.timeout.ms" }}{{ $dt = int (get $props "message.timeout.ms") }}{{ end -}}
+{{- if hasKey $props "delivery.timeout.ms" }}{{ $dt = int (get $props "delivery.timeout.ms") }}{{ end -}}
+{{- $lock := int (.Values.config.lockTimeoutS | default 300) -}}
+{{- if lt (mul $lock 1000) (add $dt 30000) }}
+{{- fail (printf "config.lockTimeoutS %d s must outlast the relay's delivery.timeout.ms %d by 30 s (else the sweeper takes back rows still being delivered and they go out twice)" $lock $dt) }}
+{{- end }}
 {{- range $k := keys $props | sortAlpha }}
 - name: {{ include "outbox-relay.kafkaEnvName" $k }}
   value: {{ include "outbox-relay.envValue" (get $props $k) | quote }}
