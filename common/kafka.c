@@ -9,6 +9,15 @@
 #include "clock.h"
 #include "log.h"
 
+/* Longest wait for a broker's metadata answer, at start and in readiness
+ * probes. */
+#define KAFKA_CONNECT_WAIT_MS 500
+
+/* Topics whose metadata this producer asked for (a set of names, open
+ * addressing). Bounded: past KNOWN_TOPICS_MAX new topics just wait for
+ * librdkafka's own refresh. */
+#define KNOWN_TOPICS_MAX 4096
+
 struct kafka {
         rd_kafka_t *rk;
         kafka_delivery_cb *cb;
@@ -17,6 +26,8 @@ struct kafka {
         int delivery_timeout_ms;
         int broker_up;
         double last_probe;
+        char **known; /* KNOWN_TOPICS_MAX * 2 slots */
+        size_t nknown;
 };
 
 /* docs/DESIGN.md's producer defaults; anything may be overridden but idempotence. */
@@ -318,13 +329,54 @@ struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *c
                 return NULL;
         }
         k->broker_up = 0;
+        /* librdkafka connects only when it needs a broker, and the idempotent
+         * producer asks for its producer id only once connected: a metadata
+         * request now (bounded, KAFKA_CONNECT_WAIT_MS) gets both done before
+         * the first batch, which would otherwise wait about a second. */
+        kafka_broker_up(k);
         return k;
+}
+
+/* 1 if `topic` was seen before; else remembers it (while there is room). */
+static int topic_seen(struct kafka *k, const char *topic) {
+        const size_t slots = KNOWN_TOPICS_MAX * 2;
+        if (!k->known && !(k->known = calloc(slots, sizeof *k->known)))
+                return 1;
+        size_t h = 14695981039346656037ULL;
+        for (const char *p = topic; *p; p++)
+                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        for (size_t i = h % slots;; i = (i + 1) % slots) {
+                if (!k->known[i]) {
+                        if (k->nknown >= KNOWN_TOPICS_MAX || !(k->known[i] = strdup(topic)))
+                                return 1;
+                        k->nknown++;
+                        return 0;
+                }
+                if (!strcmp(k->known[i], topic))
+                        return 1;
+        }
+}
+
+/* librdkafka asks for a new topic's partitions only on its next 1 s timer
+ * scan, so the first message to each topic would wait up to a second: ask
+ * now (bounded by KAFKA_CONNECT_WAIT_MS; a failure leaves it to librdkafka). */
+static void fetch_topic(struct kafka *k, const char *topic) {
+        if (topic_seen(k, topic))
+                return;
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(k->rk, topic, NULL);
+        const struct rd_kafka_metadata *md = NULL;
+        if (rkt && rd_kafka_metadata(k->rk, 0, rkt, &md, KAFKA_CONNECT_WAIT_MS) ==
+                           RD_KAFKA_RESP_ERR_NO_ERROR)
+                rd_kafka_metadata_destroy(md);
+        if (rkt)
+                rd_kafka_topic_destroy(rkt);
 }
 
 int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t key_len,
                   const void *value, size_t value_len, const struct encode_header *hdrs,
                   int hdr_cnt, void *opaque, struct kafka_result *res) {
         double deadline = clock_mono_s() + k->delivery_timeout_ms / 1000.0;
+        fetch_topic(k, topic);
         for (;;) {
                 rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
                 for (int i = 0; i < hdr_cnt; i++)
@@ -384,10 +436,11 @@ int kafka_fatal(struct kafka *k, char *errstr, size_t errstr_size) {
 
 int kafka_broker_up(struct kafka *k) {
         double t = clock_mono_s();
-        if (!k->broker_up && t - k->last_probe >= 1.0) {
+        if (!k->broker_up && (k->last_probe == 0 || t - k->last_probe >= 1.0)) {
                 const struct rd_kafka_metadata *md = NULL;
                 k->last_probe = t;
-                if (rd_kafka_metadata(k->rk, 0, NULL, &md, 500) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                if (rd_kafka_metadata(k->rk, 0, NULL, &md, KAFKA_CONNECT_WAIT_MS) ==
+                    RD_KAFKA_RESP_ERR_NO_ERROR) {
                         k->broker_up = md->broker_cnt > 0;
                         rd_kafka_metadata_destroy(md);
                 }
@@ -406,5 +459,8 @@ void kafka_destroy(struct kafka *k) {
         rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
         rd_kafka_flush(k->rk, 1000);
         rd_kafka_destroy(k->rk);
+        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
+                free(k->known[i]);
+        free(k->known);
         free(k);
 }
