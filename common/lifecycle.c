@@ -27,6 +27,7 @@ static int watcher_running;
 static atomic_int watcher_quit;
 static atomic_long rows_held;
 static enum log_level configured_level;
+static int stop_logged; /* watcher thread only */
 
 static void on_signal(int sig) {
         int saved = errno;
@@ -61,6 +62,11 @@ static void *watch_signals(void *arg) {
                         log_error(mod, "second stop signal: exiting at once", "rows_publishing=%ld",
                                   atomic_load(&rows_held));
                         _exit(1);
+                }
+                if (stop_signals == 1 && !stop_logged) {
+                        stop_logged = 1;
+                        log_info(mod, "stop requested: finishing the work in hand",
+                                 "rows_publishing=%ld", atomic_load(&rows_held));
                 }
                 if (hup_pending) {
                         hup_pending = 0;
