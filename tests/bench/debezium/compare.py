@@ -13,7 +13,11 @@ time on this machine's clock.
                   is N / (last append - first commit). outbox-relay with 1 and 2
                   instances, Debezium with its one task. Each run first drains N/10
                   warm-up events outside the figures (the JVMs compile their hot
-                  paths). Also recorded: WAL bytes per event, CPU per thread.
+                  paths), then ANALYZE of the table, as autovacuum gives a table in
+                  service (--dbz-no-analyze: none; the relay's lock statement is
+                  planned much worse without statistics). Also recorded: WAL bytes
+                  per event, CPU per thread. The latency rows ANALYZE at the end of
+                  their warm-up.
   D2 latency      steady R events/s offered (R/1000 rows per transaction, 1000
                   transactions/s) for S seconds after a warm-up; commit (when COMMIT
                   returned to the writer) -> broker append: p50 / p99 / max. The
@@ -167,6 +171,7 @@ class Group:
         self.runs = 0
         self.wm = None  # the consumer that reads watermarks
         self.results = {"versions": dbz.versions(), "dbz_connector": dict(DBZ_CONNECTOR),
+                        "analyze": opts.analyze,
                         "dbz_worker": dict(DBZ_WORKER), "events": opts.events,
                         "aggregates": opts.aggregates, "partitions": opts.partitions,
                         "fsync": opts.fsync, "batch": opts.batch, "runs": []}
@@ -360,6 +365,9 @@ class Group:
         t_first = None
         with conn.cursor() as cur:
             for j in range(n_tx):
+                if j == n_warm and self.o.analyze:
+                    cur.execute("ANALYZE %s" % s.table)
+                    conn.commit()
                 d = t0 + j / tx_rate - time.monotonic()
                 if d > 0:
                     time.sleep(d)
@@ -397,6 +405,8 @@ class Group:
                 self.write_fast(s, warm)
                 if not self.wait_appended(topic, warm, self.o.timeout):
                     raise RuntimeError("warm-up events did not arrive")
+            if self.o.analyze:
+                s.execute("ANALYZE %s" % s.table)
             meter.start()
             threads0, wal0 = threads_cpu(pids), self.wal_lsn()
             first, last_commit = self.write_fast(s, n, start=warm)
@@ -416,7 +426,8 @@ class Group:
         s.drop()
         secs = last_append - first
         return self.record(row="throughput", system=system, instances=instances, events=n,
-                           warm_events=warm, complete=ok, seconds=secs, events_per_s=n / secs,
+                           warm_events=warm, analyzed=self.o.analyze, complete=ok,
+                           seconds=secs, events_per_s=n / secs,
                            writer_events_per_s=n / (last_commit - first)
                            if last_commit > first else None,
                            cpu_s=cpu, cpu_per_10k={k: v * 1e4 / n for k, v in cpu.items()},
@@ -614,6 +625,9 @@ def add_args(ap, prefix=""):
     ap.add_argument("--%swarm-events" % prefix, type=int, default=None,
                     help="events drained before a throughput run's measured part"
                          " (default: a tenth of --events)")
+    ap.add_argument("--%sno-analyze" % prefix, action="store_true",
+                    help="no ANALYZE of the table after the warm-up (a table the planner"
+                         " has no statistics for)")
     ap.add_argument("--%stimeout" % prefix, type=float, default=900.0,
                     help="longest wait for a throughput run's last event")
     ap.add_argument("--%sfsync" % prefix, default=os.environ.get("PG_FSYNC", "off"),
@@ -635,6 +649,7 @@ def options(args, out, relay, relay_env, prefix=""):
                               latency_seconds=args.latency_seconds,
                               rates=[int(x) for x in g("rates").split(",")],
                               warmup=g("warmup"), timeout=g("timeout"), fsync=g("fsync"),
+                              analyze=not g("no-analyze"),
                               warm_events=args.events // 10 if g("warm-events") is None
                               else g("warm-events"))
 
