@@ -18,11 +18,12 @@ slot itself. Values are schemaless JSON with `table.expand.json.payload=true`, a
 the EventRouter's documentation pairs them; keys are plain strings.
 """
 
+import json
 import os
 import re
 import subprocess
+import time
 import urllib.parse
-import json
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -148,7 +149,6 @@ class Connect:
     resumes from the stored offsets. env adds CONNECT_HEAP_OPTS, CONNECT_JVM_OPTS..."""
 
     def __init__(self, dir, bootstrap, props, worker=None, env=None, timeout=180):
-        import time
         self.dir = os.path.abspath(dir)
         os.makedirs(self.dir, exist_ok=True)
         self.name = props["name"]
