@@ -14,6 +14,8 @@ outbox-mockbroker per scenario; everything is measured in this one run:
   6 hot       200k events over 10 aggregates
   7 blocked   (beyond the issue) 20k events drained while 100k versions wait
               behind one DEAD row, without and with the sweeper's parking
+  D debezium  outbox-relay against Debezium on a PostgreSQL and an Apache Kafka
+              broker of its own (tests/bench/debezium/compare.py, rows D1-D5)
 
 fsync off first, then the server is restarted with fsync on and rows 1, 2
 (and 4) are measured again. Rates are rows / (max(published_at) -
@@ -716,7 +718,7 @@ def main():
                     help="size of the extra hot run whose messages are read back for G2 (0: none)")
     ap.add_argument("--hot-seconds", type=float, default=60,
                     help="time box of the hot-aggregate run")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="rows to measure, e.g. 2,6")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,D", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
     ap.add_argument("--repeat", type=int, default=5,
                     help="pairs of (ceiling 2 clients, relay 2 instances) per fsync setting; "
@@ -724,6 +726,9 @@ def main():
     ap.add_argument("--relay-env", action="append", default=[], metavar="NAME=VALUE",
                     help="extra environment for every relay (repeatable), e.g. "
                          "OUTBOX_KAFKA_COMPRESSION_TYPE=lz4")
+    sys.path.insert(0, os.path.join(HERE, "debezium"))
+    import compare as debezium_rows
+    debezium_rows.add_args(ap, prefix="dbz-")
     args = ap.parse_args()
     args.out = args.out or os.path.join(args.build, "bench-results",
                                         time.strftime("%Y%m%d-%H%M%S"))
@@ -765,6 +770,10 @@ def main():
                     b.relay_drain(1, aggregates=args.hot_aggregates, name="hot",
                                   time_box=args.hot_seconds, n=args.hot_check_events,
                                   check_order=True)
+        if "D" in only:
+            b.results["debezium"] = debezium_rows.run(debezium_rows.options(
+                args, os.path.join(b.out_dir, "debezium"), b.relay_bin, b.relay_env,
+                prefix="dbz-"))
     finally:
         add_ratios(b.results["runs"])
         with open(os.path.join(b.out_dir, "results.json"), "w") as f:
@@ -774,6 +783,11 @@ def main():
     print("machine: %s, %s cores, %s GiB, kernel %s; relay %s"
           % (m.get("cpu"), m["nproc"], m.get("mem_gib"), m["kernel"], b.relay_bin))
     print(table(b.results))
+    if "debezium" in b.results:
+        d = b.results["debezium"]
+        print("\noutbox-relay against Debezium (%s; connector %s; worker %s):"
+              % (d["versions"], json.dumps(d["dbz_connector"]), json.dumps(d["dbz_worker"])))
+        print(debezium_rows.table(d))
     print("raw results and logs: %s" % b.out_dir)
 
 

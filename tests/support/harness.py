@@ -139,13 +139,15 @@ class Postgres:
     Uses $OUTBOX_TEST_DATABASE_URL when set (tests/run starts one server for the
     whole run; $OUTBOX_TEST_PG_DIR names its deploy/local/pg directory and makes
     restart() possible), else starts its own with deploy/local/pg in a temporary
-    directory, removed by close().
+    directory, removed by close(). `settings` (deploy/local/pg's environment, e.g.
+    {"PG_WAL_LEVEL": "logical"}) always gives a server of its own with them.
     """
 
-    def __init__(self, url=None):
+    def __init__(self, url=None, settings=None):
         self.owned = False
         self.dir = None
-        url = url or os.environ.get("OUTBOX_TEST_DATABASE_URL")
+        self.settings = dict(settings or {})
+        url = None if settings else url or os.environ.get("OUTBOX_TEST_DATABASE_URL")
         if url:
             self.url = url
             self.dir = os.environ.get("OUTBOX_TEST_PG_DIR") or None
@@ -162,7 +164,8 @@ class Postgres:
         """Runs deploy/local/pg CMD DIR; returns the URL it printed (or '')."""
         script = os.path.join(repo_root(), "deploy", "local", "pg")
         r = subprocess.run([script, cmd, self.dir], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, timeout=120)
+                           stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, **self.settings})
         if r.returncode != 0:
             raise RuntimeError("deploy/local/pg %s failed (%d): %s"
                                % (cmd, r.returncode, r.stderr.strip()))
