@@ -1,0 +1,225 @@
+"""Per-aggregate order when transactions commit out of version order, and gaps
+(docs/DESIGN.md, "Per-aggregate order"): against Apache Kafka, every check reads
+the topic back. A version that is held is shown held by a witness: a row of
+another aggregate inserted after it is PUBLISHED first, so the relay has locked
+batches since the held row was visible."""
+import json
+import os
+import subprocess
+import urllib.request
+
+import psycopg2
+import pytest
+
+from conftest import relay_env
+from harness import Relay, check_order, free_port, header, read_topics, repo_root, wait_until
+
+OUTBOXCTL = os.path.join(repo_root(), "tools", "outboxctl")
+
+
+def row(agg, version, **kw):
+    r = {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": version,
+         "event_type": "E%d" % version, "payload_json": {"agg": agg, "v": version}}
+    r.update(kw)
+    return r
+
+
+def status(db, agg, version):
+    rows = db.rows(where="aggregate_id = %s AND aggregate_version = %s", params=(agg, version))
+    return rows[0]["status"] if rows else None
+
+
+def versions_on_kafka(db, kafka, agg):
+    """The aggregate's versions in partition order (first copies), and all messages."""
+    msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+    ok, details = check_order(msgs)
+    assert ok, details
+    seen = []
+    for m in sorted(msgs, key=lambda m: (m["partition"], m["offset"])):
+        if m["key"] == agg:
+            v = int(header(m, "aggregate-version"))
+            if v not in seen:
+                seen.append(v)
+    return seen, msgs
+
+
+def witness(db, name):
+    """Inserts a row of a fresh aggregate and waits until it is PUBLISHED: the
+    relay has locked (at least) one batch after everything committed before."""
+    db.insert_events([row(name, 1)])
+    wait_until(lambda: status(db, name, 1) == "PUBLISHED", 30, what="witness %s PUBLISHED" % name)
+
+
+def due_scans(db):
+    """Scans of the table's due index so far (each lock statement makes one;
+    backends report their counters within about a second)."""
+    r = db.execute("SELECT coalesce(sum(idx_scan), 0)::bigint AS n FROM pg_stat_user_indexes"
+                   " WHERE schemaname = %s AND indexrelname = 'outbox_event_due_idx'",
+                   (db.schema,))
+    return r[0]["n"]
+
+
+def open_tx(pg, rows_sql):
+    """A transaction of its own that inserted rows and stays open."""
+    conn = psycopg2.connect(pg.url)
+    cur = conn.cursor()
+    for sql, params in rows_sql:
+        cur.execute(sql, params)
+    return conn
+
+
+def insert_sql(db, agg, version):
+    return ("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+            " payload_json) VALUES ('Order', %%s, %%s, %%s, %%s)" % db.table,
+            (agg, version, "E%d" % version, json.dumps({"agg": agg, "v": version})))
+
+
+def test_late_commit_is_held_until_its_predecessor_commits(db, kafka, tmp_path):
+    # T1 inserts version 1 and stays open; T2 inserts version 2 and commits.
+    t1 = open_tx(db.pg, [insert_sql(db, "late", 1)])
+    try:
+        db.insert_events([row("late", 2)])
+        with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+            witness(db, "w1")
+            assert status(db, "late", 2) == "PENDING"
+            t1.commit()
+            wait_until(lambda: status(db, "late", 2) == "PUBLISHED", 30,
+                       what="version 2 PUBLISHED once version 1 committed")
+            assert relay.stop() == 0
+    finally:
+        t1.close()
+    seen, _ = versions_on_kafka(db, kafka, "late")
+    assert seen == [1, 2]
+
+
+def test_gap_is_held_until_the_missing_version_commits(db, kafka, tmp_path):
+    db.insert_events([row("gap", 1), row("gap", 3)])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(lambda: status(db, "gap", 1) == "PUBLISHED", 30, what="version 1 PUBLISHED")
+        witness(db, "w2")
+        assert status(db, "gap", 3) == "PENDING"
+        db.insert_events([row("gap", 2)])
+        wait_until(lambda: status(db, "gap", 3) == "PUBLISHED", 30,
+                   what="version 3 PUBLISHED once version 2 committed")
+        assert relay.stop() == 0
+    seen, _ = versions_on_kafka(db, kafka, "gap")
+    assert seen == [1, 2, 3]
+
+
+def test_first_event_above_version_1_flows(db, kafka, tmp_path):
+    # An aggregate whose first outbox event is not version 1 (the outbox came
+    # after the aggregate) goes out once every older transaction has ended.
+    db.insert_events([row("old", 57), row("old", 58)])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(lambda: status(db, "old", 58) == "PUBLISHED", 30, what="versions 57, 58")
+        assert relay.stop() == 0
+    seen, _ = versions_on_kafka(db, kafka, "old")
+    assert seen == [57, 58]
+
+
+def test_version_committed_after_a_later_one_was_published_goes_dead(db, kafka, tmp_path):
+    db.insert_events([row("inv", 1), row("inv", 2)])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(lambda: status(db, "inv", 2) == "PUBLISHED", 30, what="versions 1, 2")
+        # the application commits a version below one already on Kafka: it
+        # cannot go out in order, so it goes DEAD, loudly, and is not published
+        db.insert_events([row("inv", 0, event_type="Late")])
+        wait_until(lambda: status(db, "inv", 0) == "DEAD", 30, what="late version DEAD")
+        relay.wait_log(r"event dead.*LATE_VERSION", 10)
+        assert relay.stop() == 0
+    (dead,) = db.rows(where="status = 'DEAD'")
+    assert dead["last_error_code"] == "LATE_VERSION"
+    assert "version 0" in dead["last_error_message"]
+    seen, _ = versions_on_kafka(db, kafka, "inv")
+    assert seen == [1, 2]
+
+
+def scrape(addr):
+    with urllib.request.urlopen("http://%s/metrics" % addr, timeout=5) as r:
+        return r.read().decode()
+
+
+def gauge(text, name):
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def outboxctl(db, *args):
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db.pg.url, "OUTBOX_TABLE": db.table}
+    return subprocess.run([OUTBOXCTL, *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+
+
+def test_lasting_gap_is_reported_and_released_by_the_operator(db, kafka, tmp_path):
+    db.insert_events([row("hole", 1), row("hole", 4), row("hole", 5), row("fine", 1),
+                      row("fine", 2)])
+    addr = "127.0.0.1:%d" % free_port()
+    env = relay_env(db, kafka, OUTBOX_HTTP_ADDR=addr, OUTBOX_LOG_FORMAT="json")
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(lambda: status(db, "fine", 2) == "PUBLISHED", 30, what="other aggregate")
+        # the gauge comes from the table sample (every 10 s)
+        wait_until(lambda: gauge(scrape(addr), "outbox_version_gaps") == 1, 30,
+                   what="outbox_version_gaps 1")
+        assert gauge(scrape(addr), "outbox_version_gap_age_seconds") >= 0
+        line = relay.wait_log(r'\{[^\n]*"msg":"version gap holds an aggregate"[^\n]*\}', 30)
+        logged = json.loads(line.group(0))
+        assert logged["aggregate_id"] == "hole" and logged["aggregate_type"] == "Order"
+        assert logged["missing_from"] == "2" and logged["missing_to"] == "3"
+        assert logged["held_version"] == "4"
+        assert [status(db, "hole", v) for v in (1, 4, 5)] == ["PUBLISHED", "PENDING", "PENDING"]
+
+        listed = outboxctl(db, "gaps")
+        assert listed.returncode == 0, listed.stderr
+        assert "Order/hole" in listed.stdout and "2-3" in listed.stdout, listed.stdout
+        released = outboxctl(db, "release-gap", "--aggregate", "Order/hole")
+        assert released.returncode == 0, released.stderr
+        assert "released" in released.stdout
+        wait_until(lambda: status(db, "hole", 5) == "PUBLISHED", 30,
+                   what="held versions PUBLISHED after the release")
+        wait_until(lambda: gauge(scrape(addr), "outbox_version_gaps") == 0, 30,
+                   what="outbox_version_gaps back to 0")
+        assert relay.stop() == 0
+    seen, msgs = versions_on_kafka(db, kafka, "hole")
+    assert seen == [1, 4, 5]
+    # the release is on record in the table, not on Kafka
+    (mark,) = db.rows(where="last_error_code = 'GAP_RELEASED'")
+    assert mark["status"] == "PUBLISHED" and mark["aggregate_version"] == 3
+    assert mark["outbox_id"] not in {header(m, "event-id") for m in msgs}
+    assert outboxctl(db, "gaps").stdout.count("Order/") == 0
+
+
+@pytest.mark.parametrize("mode", ["increasing", "none"])
+def test_modes_for_versions_that_are_not_consecutive(db, kafka, tmp_path, mode):
+    # versions with holes by design (e.g. from a sequence) flow in order
+    db.insert_events([row("seq", 10), row("seq", 20), row("seq", 35)])
+    with Relay("outbox-relay", env=relay_env(db, kafka, OUTBOX_ORDERING=mode),
+               log_dir=tmp_path) as relay:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == 3, 30, what="all PUBLISHED")
+        assert relay.stop() == 0
+    seen, _ = versions_on_kafka(db, kafka, "seq")
+    assert sorted(seen) == [10, 20, 35]
+    if mode == "increasing":
+        assert seen == [10, 20, 35]
+
+
+def test_increasing_mode_holds_a_late_commit(db, kafka, tmp_path):
+    t1 = open_tx(db.pg, [insert_sql(db, "inc", 10)])
+    try:
+        db.insert_events([row("inc", 20)])
+        env = relay_env(db, kafka, OUTBOX_ORDERING="increasing")
+        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+            # Every row committed after T1 began waits for T1 here, so no
+            # witness row can go first: count the relay's lock statements.
+            before = due_scans(db)
+            wait_until(lambda: due_scans(db) >= before + 3, 30,
+                       what="the relay running lock statements")
+            assert status(db, "inc", 20) == "PENDING"
+            t1.commit()
+            wait_until(lambda: status(db, "inc", 20) == "PUBLISHED", 30, what="version 20")
+            assert relay.stop() == 0
+    finally:
+        t1.close()
+    seen, _ = versions_on_kafka(db, kafka, "inc")
+    assert seen == [10, 20]
