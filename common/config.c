@@ -18,7 +18,7 @@ extern char **environ;
 
 enum opt_type { T_STR, T_INT, T_LL, T_ENUM };
 
-static const char *const ordering_names[] = {"aggregate", "none", NULL};
+static const char *const ordering_names[] = {"aggregate", "none", "increasing", NULL};
 static const char *const value_format_names[] = {"envelope", "payload", NULL};
 static const char *const serialization_names[] = {"json", "avro", NULL};
 static const char *const log_level_names[] = {"debug", "info", "warn", "error", NULL};
@@ -53,10 +53,10 @@ static const struct opt opts[] = {
         {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
          "longest idle wait; NOTIFY wakes sooner"},
         {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), BOTH, 0, 0, ordering_names,
-         "aggregate (per-aggregate guard) or none; the sweeper parks versions behind DEAD "
-         "ones only under aggregate"},
-        {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), RELAY, 1, 1000000, NULL,
-         "attempts before a row goes DEAD"},
+         "aggregate (consecutive versions per aggregate, gaps held), increasing (versions "
+         "only increase) or none; read by the sweeper too"},
+        {"OUTBOX_MAX_ATTEMPTS", T_INT, "10", O(max_attempts), BOTH, 1, 1000000, NULL,
+         "attempts before a row goes DEAD (the sweeper's stale-lock reset too)"},
         {"OUTBOX_BACKOFF_INITIAL_MS", T_INT, "1000", O(backoff_initial_ms), RELAY, 1, INT_MAX, NULL,
          "first retry delay"},
         {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 1, INT_MAX, NULL,
@@ -90,6 +90,10 @@ static const struct opt opts[] = {
          "sweeper loop period"},
         {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, LLONG_MAX, NULL,
          "delete PUBLISHED rows older than this; 0 keeps all"},
+        {"OUTBOX_RETENTION_KEEP_LATEST", T_ENUM, "false", O(retention_keep_latest), SWEEPER, 0, 0,
+         bool_names,
+         "true: keep each aggregate's latest published row past retention, so a gap after it "
+         "is still seen (OUTBOX_ORDERING=aggregate; one row per aggregate, kept)"},
         {"OUTBOX_DELETE_BATCH", T_INT, "1000", O(delete_batch), SWEEPER, 1, 1000000, NULL,
          "rows deleted per statement"},
 #ifdef OUTBOX_TEST_HOOKS

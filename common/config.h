@@ -8,7 +8,10 @@
 #include <stdio.h>
 
 enum config_program { CONFIG_RELAY = 1, CONFIG_SWEEPER = 2 };
-enum config_ordering { ORDERING_AGGREGATE = 0, ORDERING_NONE };
+/* OUTBOX_ORDERING: consecutive versions per aggregate (gaps held), versions
+ * that only increase, or no order at all (docs/DESIGN.md, "Per-aggregate
+ * order"). */
+enum config_ordering { ORDERING_AGGREGATE = 0, ORDERING_NONE, ORDERING_INCREASING };
 enum config_value_format { VALUE_ENVELOPE = 0, VALUE_PAYLOAD };
 enum config_serialization { SERIALIZATION_JSON = 0, SERIALIZATION_AVRO };
 
@@ -42,6 +45,7 @@ struct config {
         int lock_timeout_s;
         int sweep_interval_s;
         long long retention_s;
+        int retention_keep_latest; /* keep each aggregate's latest published row */
         int delete_batch;
         int once; /* sweeper --once */
         /* Fault-test pauses, read only by builds with -DOUTBOX_TEST_HOOKS=ON

@@ -38,6 +38,10 @@ struct db *db_new(const char *url, const char *table, const char *relay_id) {
         return db;
 }
 
+void db_set_order(struct db *db, enum db_order order) {
+        db->order = order;
+}
+
 void db_set_test_hooks(struct db *db, int lock_delay_ms, int sample_delay_ms) {
         db->test_lock_delay_ms = lock_delay_ms > 0 ? lock_delay_ms : 0;
         db->test_sample_delay_ms = sample_delay_ms > 0 ? sample_delay_ms : 0;

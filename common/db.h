@@ -16,6 +16,13 @@ struct db;
  * failure. `table` must have passed config_check_identifier(). */
 struct db *db_new(const char *url, const char *table, const char *relay_id);
 
+/* How the lock statements order an aggregate's versions (OUTBOX_ORDERING;
+ * docs/DESIGN.md, "Per-aggregate order"): consecutive versions, each after
+ * its predecessor was published (a missing one holds the rest); versions that
+ * only increase; or none. Consecutive by default; set before connecting. */
+enum db_order { DB_ORDER_CONSECUTIVE = 0, DB_ORDER_INCREASING, DB_ORDER_NONE };
+void db_set_order(struct db *db, enum db_order order);
+
 /* Fault-test pauses, in builds with -DOUTBOX_TEST_HOOKS=ON only (0: none):
  * every lock statement waits lock_delay_ms between its start and its row
  * locks (from the next connect on), every table sample takes sample_delay_ms
@@ -142,12 +149,34 @@ int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr
 
 /* Sweeper: moves PUBLISHING rows locked longer than lock_timeout_s ago to
  * FAILED (STALE_LOCK, due now). */
-int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
-                   size_t errstr_size) __attribute__((warn_unused_result));
+int db_reset_stale(struct db *db, int lock_timeout_s, int max_attempts, int limit, long long *n,
+                   long long *dead, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
-/* Sweeper: deletes PUBLISHED rows published more than retention_s ago. */
-int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
-                        size_t errstr_size) __attribute__((warn_unused_result));
+/* Sweeper: deletes at most `limit` PUBLISHED rows published more than
+ * retention_s ago; with `keep_latest`, each aggregate's latest published row
+ * stays (parked at available_at 'infinity', out of later scans). *deleted
+ * gets the rows deleted, *seen the rows looked at (`limit` when more may be
+ * left). */
+int db_delete_published(struct db *db, long long retention_s, int limit, int keep_latest,
+                        long long *deleted, long long *seen, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* A version gap: the lowest unpublished version of an aggregate (held) waits
+ * for versions prev_version + 1 .. held_version - 1, which are not in the
+ * table. Names longer than the fields are cut. */
+struct db_gap {
+        char tenant_id[128], aggregate_type[128], aggregate_id[256];
+        long long held_version, prev_version;
+        double age_s; /* since the held row was inserted */
+};
+
+/* Version gaps whose held row was inserted at least min_age_s ago, oldest
+ * first: at most `max` into gaps (*n of them), and *total, how many there are
+ * among the oldest 10000 due rows. */
+int db_version_gaps(struct db *db, int min_age_s, struct db_gap *gaps, size_t max, size_t *n,
+                    long long *total, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
 /* Sweeper: parks PENDING/FAILED versions behind a DEAD version of their
  * aggregate out of the lock scan (available_at 'infinity', last_error_code

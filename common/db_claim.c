@@ -61,6 +61,7 @@ enum col {
         C_OCCURRED_EPOCH,
         C_ATTEMPTS,
         C_TID,
+        C_LATE_AFTER,
         C_NCOLS
 };
 
@@ -75,9 +76,10 @@ enum col {
  * began; the statement cannot update that version, so the row sits this
  * batch out, and to the guard it is a version the window lacks. */
 #define LOCK_WINDOW(guard)                                                                         \
-        "WITH win AS MATERIALIZED ("                                                               \
+        "WITH hz AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),"        \
+        " win AS MATERIALIZED ("                                                                   \
         " SELECT o.ctid AS tid, o.outbox_id, o.tenant_id, o.aggregate_type,"                       \
-        "  o.aggregate_id, o.aggregate_version FROM %1$s o"                                        \
+        "  o.aggregate_id, o.aggregate_version, o.txid FROM %1$s o"                                \
         " WHERE o.published_at IS NULL AND o.status IN ('PENDING','FAILED')"                       \
         "  AND o.available_at <= now()%2$s" guard " ORDER BY o.available_at, o.aggregate_version"  \
         " LIMIT $2 FOR UPDATE OF o SKIP LOCKED),"                                                  \
@@ -88,16 +90,58 @@ enum col {
  * hash-join each row with every version of its aggregate, quadratic in a hot
  * aggregate's backlog. They probe downwards: a blocked version finds its
  * unpublished predecessor at once; only a head walks past the index entries
- * its published versions left until VACUUM removes them. */
+ * its published versions left until VACUUM removes them. The probes over all
+ * rows, published or not (PREV, LATE_AFTER), use the table's unique key. */
 
-/* The classic guard: the row is the lowest unpublished version of its
- * aggregate. Its scan steps over blocked rows. */
-#define LOCK_HEAD_GUARD                                                                            \
-        " AND (SELECT p.aggregate_version FROM %1$s p"                                             \
-        "  WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"                \
-        "  AND p.aggregate_id = o.aggregate_id AND p.published_at IS NULL"                         \
-        "  AND p.aggregate_version < o.aggregate_version"                                          \
-        "  ORDER BY p.aggregate_version DESC LIMIT 1) IS NULL"
+/* The row's inserting transaction is older than every transaction still
+ * running (`hz`): every row a transaction older than it wrote is in sight,
+ * committed or rolled back. NULL (rows older than the txid column) counts as
+ * old. */
+#define HORIZON_PASSED(txid) "(" txid " IS NULL OR " txid " < (SELECT xmin FROM hz))"
+
+/* Probe `p` of the same aggregate as `a`. */
+#define SAME_AGG(a)                                                                                \
+        " p.tenant_id = " a ".tenant_id AND p.aggregate_type = " a ".aggregate_type"               \
+        " AND p.aggregate_id = " a ".aggregate_id"
+
+/* The highest unpublished version of `a`'s aggregate below `v` (NULL: none). */
+#define BEHIND(a, v)                                                                               \
+        "(SELECT p.aggregate_version FROM %1$s p WHERE" SAME_AGG(                                  \
+                a) " AND p.published_at IS NULL AND p.aggregate_version < " v                      \
+                   " ORDER BY p.aggregate_version DESC LIMIT 1)"
+
+/* The highest version of `a`'s aggregate below `v`, of any status. */
+#define PREV(a, v)                                                                                 \
+        "(SELECT p.aggregate_version FROM %1$s p WHERE" SAME_AGG(                                  \
+                a) " AND p.aggregate_version < " v " ORDER BY p.aggregate_version DESC LIMIT 1)"
+
+/* The version of the aggregate's next row above `v` when that row is
+ * published already (a row at `v` would reach Kafka after it); NULL when the
+ * next row is unpublished or there is none. */
+#define LATE_AFTER(a, v)                                                                           \
+        "(SELECT CASE WHEN p.published_at IS NOT NULL THEN p.aggregate_version END"                \
+        " FROM %1$s p WHERE" SAME_AGG(a) " AND p.aggregate_version > " v                           \
+                                         " ORDER BY p.aggregate_version LIMIT 1)"
+
+/* Consecutive versions: version `v` (first of its aggregate's unpublished
+ * ones) follows `prev`, the aggregate's highest version below it. It may go
+ * when prev = v - 1, or, with no lower version in the table at all, when it
+ * is the aggregate's first: version 1, or any version once `settled` (every
+ * transaction older than its own has ended, so a predecessor still being
+ * inserted would be in sight). A lower version with versions missing after
+ * it is a gap: held until they come or an operator releases it. */
+#define CONSECUTIVE(v, prev, settled) "coalesce(" prev " = " v " - 1, " v " = 1 OR " settled ")"
+
+/* Window guards of the classic lock (lock_heads, a top-up): the row is the
+ * lowest unpublished version of its aggregate and not late, and its order
+ * rule holds. Its scan steps over blocked rows. */
+#define HEAD_GUARD                                                                                 \
+        " AND " BEHIND("o", "o.aggregate_version") " IS NULL AND " LATE_AFTER(                     \
+                "o", "o.aggregate_version") " IS NULL"
+#define HEADS_CONSECUTIVE                                                                          \
+        HEAD_GUARD " AND " CONSECUTIVE("o.aggregate_version", PREV("o", "o.aggregate_version"),    \
+                                       HORIZON_PASSED("o.txid"))
+#define HEADS_INCREASING HEAD_GUARD " AND " HORIZON_PASSED("o.txid")
 
 /* Runs of versions: a row of the window is ready when every unpublished
  * version of its aggregate below it is in the window too. Per aggregate:
@@ -107,40 +151,84 @@ enum col {
  * holds more than one version: rows of one version never hold each other
  * back). Nothing of an aggregate goes while an earlier version is in flight,
  * backing off, DEAD or held by another relay; the cost follows the window,
- * not the backlog. */
-#define LOCK_RUNS                                                                                  \
+ * not the backlog. A run whose next row above is published already is late:
+ * its rows are locked with late_after set, to go DEAD unsent.
+ *
+ * `runs` gives each window row `first` (it is in the aggregate's first run
+ * of consecutive versions: version minus dense rank is constant along a run)
+ * and `is_lo` (it has the aggregate's lowest version in the window);
+ * `ok` is the order rule on top of the guard. */
+#define RUNS(top, ok)                                                                              \
         ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"                                \
-        "  min(aggregate_version) AS lo, max(aggregate_version) AS top"                            \
-        "  FROM vis GROUP BY 1, 2, 3),"                                                            \
-        " gap AS MATERIALIZED (SELECT a.tenant_id, a.aggregate_type, a.aggregate_id,"              \
-        "  (SELECT p.aggregate_version FROM %1$s p"                                                \
-        "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"               \
-        "   AND p.aggregate_id = a.aggregate_id AND p.aggregate_version < a.lo"                    \
-        "   AND p.published_at IS NULL"                                                            \
-        "   ORDER BY p.aggregate_version DESC LIMIT 1) AS behind,"                                 \
-        "  CASE WHEN a.lo < a.top THEN (SELECT p.aggregate_version FROM %1$s p"                    \
-        "   WHERE p.tenant_id = a.tenant_id AND p.aggregate_type = a.aggregate_type"               \
-        "   AND p.aggregate_id = a.aggregate_id"                                                   \
-        "   AND p.aggregate_version BETWEEN a.lo AND a.top"                                        \
-        "   AND p.published_at IS NULL"                                                            \
-        "   AND p.outbox_id NOT IN (SELECT outbox_id FROM vis)"                                    \
-        "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"                                  \
-        "  FROM agg a),"                                                                           \
-        " ready AS (SELECT w.tid, w.outbox_id FROM vis w JOIN gap g"                               \
-        "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"                   \
-        "  AND g.aggregate_id = w.aggregate_id"                                                    \
-        "  WHERE g.behind IS NULL"                                                                 \
-        "  AND (g.missing IS NULL OR w.aggregate_version < g.missing))"
+        "  min(aggregate_version) AS lo, " top " AS top,"                                          \
+        "  bool_and(" HORIZON_PASSED(                                                              \
+                "txid") ") FILTER (WHERE is_lo) AS lo_settled"                                     \
+                        "  FROM runs GROUP BY 1, 2, 3),"                                           \
+                        " gap AS MATERIALIZED (SELECT a.*, " BEHIND(                               \
+                                "a",                                                               \
+                                "a.lo") " AS behind,"                                              \
+                                        "  " PREV("a", "a.lo") " AS prev, " LATE_AFTER(            \
+                                                "a",                                               \
+                                                "a.top") " AS late_after,"                         \
+                                                         "  CASE WHEN a.lo < a.top THEN (SELECT "  \
+                                                         "p.aggregate_version FROM %1$s p"         \
+                                                         "   WHERE" SAME_AGG(                      \
+                                                                 "a") " AND p.aggregate_version "  \
+                                                                      "BETWEEN a.lo AND a.top"     \
+                                                                      "   AND p.published_at IS "  \
+                                                                      "NULL"                       \
+                                                                      "   AND p.outbox_id NOT IN " \
+                                                                      "(SELECT outbox_id FROM "    \
+                                                                      "vis)"                       \
+                                                                      "   ORDER BY "               \
+                                                                      "p.aggregate_version LIMIT " \
+                                                                      "1) END AS missing"          \
+                                                                      "  FROM agg a),"             \
+                                                                      " ready AS (SELECT w.tid, "  \
+                                                                      "w.outbox_id, g.late_after " \
+                                                                      "FROM runs w JOIN gap g"     \
+                                                                      "  ON g.tenant_id = "        \
+                                                                      "w.tenant_id AND "           \
+                                                                      "g.aggregate_type = "        \
+                                                                      "w.aggregate_type"           \
+                                                                      "  AND g.aggregate_id = "    \
+                                                                      "w.aggregate_id"             \
+                                                                      "  WHERE g.behind IS NULL "  \
+                                                                      "AND w.aggregate_version "   \
+                                                                      "<= g.top"                   \
+                                                                      "  AND (g.missing IS NULL "  \
+                                                                      "OR w.aggregate_version < "  \
+                                                                      "g.missing)"                 \
+                                                                      "  AND (g.late_after IS "    \
+                                                                      "NOT NULL OR (" ok ")))"
+
+/* Versions that only increase (gaps are normal): the guard alone, on rows
+ * whose transaction is past the horizon (the window only holds such). */
+#define RUNS_INCREASING                                                                            \
+        ", runs AS (SELECT v.*, true AS first, true AS is_lo FROM vis v)" RUNS(                    \
+                "max(aggregate_version)", "true")
+
+/* Consecutive versions: the window's first run of each aggregate, its lowest
+ * version following the aggregate's previous one (CONSECUTIVE). */
+#define RUNS_CONSECUTIVE                                                                           \
+        ", ranked AS (SELECT v.*, v.aggregate_version - dense_rank() OVER ("                       \
+        "   PARTITION BY tenant_id, aggregate_type, aggregate_id"                                  \
+        "   ORDER BY aggregate_version) AS run FROM vis v),"                                       \
+        " runs AS (SELECT r.*, r.run = min(r.run) OVER a AS first,"                                \
+        "  r.aggregate_version = min(r.aggregate_version) OVER a AS is_lo"                         \
+        "  FROM ranked r WINDOW a AS (PARTITION BY tenant_id, aggregate_type, "                    \
+        "aggregate_id))" RUNS("max(aggregate_version) FILTER (WHERE first)",                       \
+                              CONSECUTIVE("g.lo", "g.prev", "g.lo_settled"))
 
 /* The tail: the chosen rows (`from`) go PUBLISHING for this relay; rows come
- * back ordered by aggregate and version. */
-#define LOCK_TAIL(from)                                                                            \
+ * back ordered by aggregate and version, with late_after (`late`). */
+#define LOCK_TAIL(from, late)                                                                      \
         ", locked AS ("                                                                            \
         " UPDATE %1$s o SET status = 'PUBLISHING', locked_by = $1,"                                \
         "  locked_at = now(), last_attempt_at = now(),"                                            \
         "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"                    \
         " FROM " from " r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"                      \
-        " RETURNING " LOCK_COLUMNS ")"                                                             \
+        " RETURNING " LOCK_COLUMNS ", " late ")"                                                   \
         " SELECT * FROM locked ORDER BY 2, 3, 4, 5"
 
 /* The marks' columns when a row leaves this relay. */
@@ -148,8 +236,10 @@ enum col {
 
 enum {
         S_LOCK_UNORDERED,
-        S_LOCK_RUNS,
-        S_LOCK_HEADS,
+        S_LOCK_RUNS_CONSECUTIVE,
+        S_LOCK_HEADS_CONSECUTIVE,
+        S_LOCK_RUNS_INCREASING,
+        S_LOCK_HEADS_INCREASING,
         S_MARK_RELEASED,
         S_MARK_PUBLISHED,
         S_MARK_PUBLISHED_ID,
@@ -159,12 +249,21 @@ enum {
 };
 
 const struct db_stmt db_claim_stmts[S_COUNT] = {
-        /* The statements of enum db_lock_kind. */
+        /* The statements of enum db_lock_kind, per enum db_order. */
         [S_LOCK_UNORDERED] = {"lock_unordered", "lock_unordered", 2,
-                              LOCK_WINDOW("") LOCK_TAIL("vis")},
-        [S_LOCK_RUNS] = {"lock_runs", "lock_runs", 2, LOCK_WINDOW("") LOCK_RUNS LOCK_TAIL("ready")},
-        [S_LOCK_HEADS] = {"lock_heads", "lock_heads", 2,
-                          LOCK_WINDOW(LOCK_HEAD_GUARD) LOCK_TAIL("vis")},
+                              LOCK_WINDOW("") LOCK_TAIL("vis", "NULL::bigint")},
+        [S_LOCK_RUNS_CONSECUTIVE] = {"lock_runs", "lock_runs", 2,
+                                     LOCK_WINDOW("")
+                                             RUNS_CONSECUTIVE LOCK_TAIL("ready", "r.late_after")},
+        [S_LOCK_HEADS_CONSECUTIVE] = {"lock_heads", "lock_heads", 2,
+                                      LOCK_WINDOW(HEADS_CONSECUTIVE)
+                                              LOCK_TAIL("vis", "NULL::bigint")},
+        [S_LOCK_RUNS_INCREASING] = {"lock_runs_increasing", "lock_runs", 2,
+                                    LOCK_WINDOW(" AND " HORIZON_PASSED("o.txid"))
+                                            RUNS_INCREASING LOCK_TAIL("ready", "r.late_after")},
+        [S_LOCK_HEADS_INCREASING] = {"lock_heads_increasing", "lock_heads", 2,
+                                     LOCK_WINDOW(HEADS_INCREASING)
+                                             LOCK_TAIL("vis", "NULL::bigint")},
         /* Rows locked but never produced go back as they were, the attempt
          * not counted: FAILED if an attempt had been made before, else
          * PENDING. */
@@ -315,6 +414,8 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
                 e->occurred_at_epoch = parse_epoch(S(C_OCCURRED_EPOCH));
                 e->attempt_count = atoi(S(C_ATTEMPTS));
                 e->tid = V(C_TID);
+                e->late = !PQgetisnull(r, i, C_LATE_AFTER);
+                e->late_after = e->late ? strtoll(S(C_LATE_AFTER), NULL, 10) : 0;
         }
 #undef V
 #undef S
@@ -353,10 +454,14 @@ fail:
         return -1;
 }
 
-static const struct db_stmt *lock_stmt(enum db_lock_kind kind) {
-        return &db_claim_stmts[kind == DB_LOCK_RUNS    ? S_LOCK_RUNS
-                               : kind == DB_LOCK_HEADS ? S_LOCK_HEADS
-                                                       : S_LOCK_UNORDERED];
+static const struct db_stmt *lock_stmt(const struct db *db, enum db_lock_kind kind) {
+        int consecutive = db->order == DB_ORDER_CONSECUTIVE;
+        if (db->order == DB_ORDER_NONE || kind == DB_LOCK_WINDOW)
+                return &db_claim_stmts[S_LOCK_UNORDERED];
+        if (kind == DB_LOCK_HEADS)
+                return &db_claim_stmts[consecutive ? S_LOCK_HEADS_CONSECUTIVE
+                                                   : S_LOCK_HEADS_INCREASING];
+        return &db_claim_stmts[consecutive ? S_LOCK_RUNS_CONSECUTIVE : S_LOCK_RUNS_INCREASING];
 }
 
 int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, char *errstr,
@@ -365,7 +470,7 @@ int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, char *errstr,
                 return errstr_set(errstr, errstr_size, "not connected");
         if (db->lock_sent)
                 return errstr_set(errstr, errstr_size, "a lock statement is in flight");
-        const struct db_stmt *stmt = lock_stmt(kind);
+        const struct db_stmt *stmt = lock_stmt(db, kind);
         if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
                 return -1;
         db->lock_sent = stmt;

@@ -18,6 +18,7 @@ struct db {
          * result before the connection takes anything else */
         const struct db_stmt *lock_sent;
         int closing; /* the server said it is closing this connection (FATAL) */
+        enum db_order order;
         int test_lock_delay_ms, test_sample_delay_ms;
 };
 

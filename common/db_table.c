@@ -19,6 +19,8 @@ const char *const db_row_status_names[DB_ROW_STATUS_COUNT] = {[DB_ROW_PENDING] =
 enum {
         S_RESET_STALE,
         S_DELETE_PUBLISHED,
+        S_DELETE_KEEP_LATEST,
+        S_GAPS,
         S_PARK,
         S_UNPARK,
         S_SAMPLE,
@@ -31,27 +33,99 @@ enum {
 const struct db_stmt db_table_stmts[S_COUNT] = {
         /* A lock older than the lock timeout ($1 s), through the due index
          * (none covers locked_at): a row is locked only once due, so its
-         * available_at is older still. */
-        [S_RESET_STALE] = {"reset_stale", "reset stale locks", 2,
+         * available_at is older still. FAILED and due now, or DEAD (parked)
+         * once its attempts ($3) are used up: a row that kills every relay
+         * that takes it must not loop, whatever the relays' ids. Returns
+         * (reset, of those DEAD). */
+        [S_RESET_STALE] = {"reset_stale", "reset stale locks", 3,
                            "WITH stale AS (SELECT outbox_id FROM %1$s"
                            " WHERE published_at IS NULL"
                            " AND available_at < now() - $1 * interval '1 second'"
                            " AND status = 'PUBLISHING'"
                            " AND locked_at < now() - $1 * interval '1 second'"
                            " ORDER BY available_at, aggregate_version"
-                           " LIMIT $2 FOR UPDATE SKIP LOCKED)"
-                           " UPDATE %1$s o SET status = 'FAILED', available_at = now(),"
+                           " LIMIT $2 FOR UPDATE SKIP LOCKED),"
+                           " reset AS (UPDATE %1$s o SET status = CASE"
+                           "  WHEN o.attempt_count >= $3 THEN 'DEAD' ELSE 'FAILED' END,"
+                           " available_at = CASE WHEN o.attempt_count >= $3"
+                           "  THEN 'infinity'::timestamptz ELSE now() END,"
                            " last_error_code = 'STALE_LOCK',"
                            " last_error_message = 'lock of ' || coalesce(o.locked_by, '?')"
-                           "  || ' expired after ' || $1 || ' s',"
+                           "  || ' expired after ' || $1 || ' s' || CASE"
+                           "  WHEN o.attempt_count >= $3 THEN ', attempt ' || o.attempt_count"
+                           "   || ' of ' || $3 || ': the row may be what stops its relays'"
+                           "  ELSE '' END,"
                            " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
-                           " FROM stale WHERE o.outbox_id = stale.outbox_id"},
-        /* PUBLISHED rows published more than $1 s ago, oldest first. */
+                           " FROM stale WHERE o.outbox_id = stale.outbox_id RETURNING o.status)"
+                           " SELECT count(*), count(*) FILTER (WHERE status = 'DEAD') FROM reset"},
+        /* PUBLISHED rows published more than $1 s ago, oldest first (kept
+         * rows, at available_at 'infinity', are out of the index's range).
+         * Returns (deleted, looked at). */
         [S_DELETE_PUBLISHED] = {"delete_published", "delete published", 2,
-                                "DELETE FROM %1$s WHERE outbox_id IN (SELECT outbox_id FROM %1$s"
-                                " WHERE published_at IS NOT NULL"
+                                "WITH gone AS (DELETE FROM %1$s WHERE outbox_id IN ("
+                                " SELECT outbox_id FROM %1$s"
+                                " WHERE published_at IS NOT NULL AND available_at <> 'infinity'"
                                 " AND published_at < now() - $1 * interval '1 second'"
-                                " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)"},
+                                " ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+                                " RETURNING 1) SELECT count(*), count(*) FROM gone"},
+        /* The same, keeping each aggregate's latest published row: the
+         * consecutive-versions guard tells a gap from an aggregate's first
+         * version by it. A row whose next version is published already goes;
+         * a latest one is parked at 'infinity', out of this scan for good,
+         * and the row it replaces as its aggregate's latest goes. */
+        [S_DELETE_KEEP_LATEST] =
+                {"delete_keep_latest", "delete published", 2,
+                 "WITH cand AS MATERIALIZED (SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
+                 "  o.aggregate_id, o.aggregate_version,"
+                 "  (SELECT p.published_at IS NOT NULL FROM %1$s p"
+                 "   WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
+                 "   AND p.aggregate_id = o.aggregate_id"
+                 "   AND p.aggregate_version > o.aggregate_version"
+                 "   ORDER BY p.aggregate_version LIMIT 1) AS superseded"
+                 "  FROM %1$s o WHERE o.published_at IS NOT NULL AND o.available_at <> 'infinity'"
+                 "  AND o.published_at < now() - $1 * interval '1 second'"
+                 "  ORDER BY o.published_at LIMIT $2 FOR UPDATE SKIP LOCKED),"
+                 " kept AS (UPDATE %1$s o SET available_at = 'infinity',"
+                 "  updated_at = clock_timestamp() FROM cand c"
+                 "  WHERE o.outbox_id = c.outbox_id AND c.superseded IS NOT TRUE RETURNING 1),"
+                 " gone AS (DELETE FROM %1$s o WHERE o.outbox_id = ANY (ARRAY("
+                 "  SELECT outbox_id FROM cand WHERE superseded UNION ALL"
+                 "  SELECT k.outbox_id FROM cand c CROSS JOIN LATERAL ("
+                 "   SELECT p.outbox_id FROM %1$s p WHERE p.tenant_id = c.tenant_id"
+                 "   AND p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id"
+                 "   AND p.aggregate_version < c.aggregate_version"
+                 "   AND p.published_at IS NOT NULL AND p.available_at = 'infinity') k))"
+                 "  AND o.published_at IS NOT NULL RETURNING 1)"
+                 " SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)"},
+        /* Version gaps: heads (the lowest unpublished version of their
+         * aggregate) among the oldest due rows inserted more than $1 s ago,
+         * whose aggregate's previous version is below v - 1. Held rows stay
+         * due and old, so they are among the oldest; reading at most 10000
+         * keeps the cost bounded whatever the backlog. At most $2 rows,
+         * oldest first, each with the count of all. */
+        [S_GAPS] = {"version_gaps", "version gaps", 2,
+                    "WITH cand AS MATERIALIZED (SELECT o.tenant_id, o.aggregate_type,"
+                    "  o.aggregate_id, o.aggregate_version, o.created_at FROM %1$s o"
+                    "  WHERE o.published_at IS NULL AND o.status IN ('PENDING', 'FAILED')"
+                    "  AND o.available_at <= now()"
+                    "  AND o.created_at < now() - $1 * interval '1 second'"
+                    "  ORDER BY o.available_at, o.aggregate_version LIMIT 10000),"
+                    " heads AS (SELECT DISTINCT ON (c.tenant_id, c.aggregate_type, c.aggregate_id)"
+                    "  c.*, (SELECT p.aggregate_version FROM %1$s p"
+                    "   WHERE p.tenant_id = c.tenant_id AND p.aggregate_type = c.aggregate_type"
+                    "   AND p.aggregate_id = c.aggregate_id"
+                    "   AND p.aggregate_version < c.aggregate_version"
+                    "   ORDER BY p.aggregate_version DESC LIMIT 1) AS prev"
+                    "  FROM cand c WHERE (SELECT p.aggregate_version FROM %1$s p"
+                    "   WHERE p.tenant_id = c.tenant_id AND p.aggregate_type = c.aggregate_type"
+                    "   AND p.aggregate_id = c.aggregate_id AND p.published_at IS NULL"
+                    "   AND p.aggregate_version < c.aggregate_version LIMIT 1) IS NULL"
+                    "  ORDER BY c.tenant_id, c.aggregate_type, c.aggregate_id,"
+                    "   c.aggregate_version)"
+                    " SELECT tenant_id, aggregate_type, aggregate_id, aggregate_version, prev,"
+                    "  extract(epoch FROM now() - created_at)::float8, count(*) OVER ()"
+                    " FROM heads WHERE prev < aggregate_version - 1"
+                    " ORDER BY created_at LIMIT $2"},
         /* Parks the PENDING and FAILED versions above the lowest DEAD one of
          * their aggregate. One read of the parked range (DEAD and parked
          * rows) finds each DEAD aggregate and its highest parked version;
@@ -118,6 +192,9 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
 };
 const size_t db_table_stmt_count = S_COUNT;
 
+static int counts_of(struct db *db, int stmt, const char *const *params, long long *a, long long *b,
+                     char *errstr, size_t size);
+
 /* Runs a row-count statement with up to two integer parameters. */
 static int run_count(struct db *db, int stmt, long long p1, long long p2, long long *n,
                      char *errstr, size_t size) {
@@ -131,14 +208,76 @@ static int run_count(struct db *db, int stmt, long long p1, long long p2, long l
         return db_run_count(db, &db_table_stmts[stmt], params, n, errstr, size);
 }
 
-int db_reset_stale(struct db *db, int lock_timeout_s, int limit, long long *n, char *errstr,
-                   size_t errstr_size) {
-        return run_count(db, S_RESET_STALE, lock_timeout_s, limit, n, errstr, errstr_size);
+int db_reset_stale(struct db *db, int lock_timeout_s, int max_attempts, int limit, long long *n,
+                   long long *dead, char *errstr, size_t errstr_size) {
+        char a[24], b[24], c[24];
+        const char *params[3] = {a, b, c};
+        *n = *dead = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        snprintf(a, sizeof a, "%d", lock_timeout_s);
+        snprintf(b, sizeof b, "%d", limit);
+        snprintf(c, sizeof c, "%d", max_attempts);
+        return counts_of(db, S_RESET_STALE, params, n, dead, errstr, errstr_size);
 }
 
-int db_delete_published(struct db *db, long long retention_s, int limit, long long *n, char *errstr,
-                        size_t errstr_size) {
-        return run_count(db, S_DELETE_PUBLISHED, retention_s, limit, n, errstr, errstr_size);
+/* Runs a statement that returns one row of two counts. */
+static int counts_of(struct db *db, int stmt, const char *const *params, long long *a, long long *b,
+                     char *errstr, size_t size) {
+        PGresult *r = db_run(db, &db_table_stmts[stmt], params, PGRES_TUPLES_OK, errstr, size);
+        if (!r)
+                return -1;
+        if (PQntuples(r) != 1 || PQnfields(r) != 2) {
+                PQclear(r);
+                return errstr_set(errstr, size, "%s: unexpected result", db_table_stmts[stmt].what);
+        }
+        *a = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        *b = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        PQclear(r);
+        return 0;
+}
+
+int db_delete_published(struct db *db, long long retention_s, int limit, int keep_latest,
+                        long long *deleted, long long *seen, char *errstr, size_t errstr_size) {
+        char a[24], b[24];
+        const char *params[2] = {a, b};
+        *deleted = *seen = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        snprintf(a, sizeof a, "%lld", retention_s);
+        snprintf(b, sizeof b, "%d", limit);
+        return counts_of(db, keep_latest ? S_DELETE_KEEP_LATEST : S_DELETE_PUBLISHED, params,
+                         deleted, seen, errstr, errstr_size);
+}
+
+int db_version_gaps(struct db *db, int min_age_s, struct db_gap *gaps, size_t max, size_t *n,
+                    long long *total, char *errstr, size_t errstr_size) {
+        char a[16], b[16];
+        const char *params[2] = {a, b};
+        *n = 0;
+        *total = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        snprintf(a, sizeof a, "%d", min_age_s);
+        snprintf(b, sizeof b, "%zu", max);
+        PGresult *r =
+                db_run(db, &db_table_stmts[S_GAPS], params, PGRES_TUPLES_OK, errstr, errstr_size);
+        if (!r)
+                return -1;
+        int rows = PQntuples(r);
+        for (int i = 0; i < rows && (size_t)i < max; i++) {
+                struct db_gap *g = &gaps[i];
+                snprintf(g->tenant_id, sizeof g->tenant_id, "%s", PQgetvalue(r, i, 0));
+                snprintf(g->aggregate_type, sizeof g->aggregate_type, "%s", PQgetvalue(r, i, 1));
+                snprintf(g->aggregate_id, sizeof g->aggregate_id, "%s", PQgetvalue(r, i, 2));
+                g->held_version = strtoll(PQgetvalue(r, i, 3), NULL, 10);
+                g->prev_version = strtoll(PQgetvalue(r, i, 4), NULL, 10);
+                g->age_s = strtod(PQgetvalue(r, i, 5), NULL);
+                *total = strtoll(PQgetvalue(r, i, 6), NULL, 10);
+                (*n)++;
+        }
+        PQclear(r);
+        return 0;
 }
 
 int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size) {

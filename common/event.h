@@ -31,6 +31,10 @@ struct outbox_event {
         double occurred_at_epoch; /* seconds since the epoch */
         int attempt_count;        /* after this lock */
         const char *tid;          /* the row's ctid after the lock, for the mark */
+        /* A version committed after a later one of its aggregate was
+         * published (late_after, that version): it cannot go out in order. */
+        int late;
+        long long late_after;
 };
 
 #endif

@@ -17,6 +17,8 @@ enum metric_id {
         M_EVENT_SIZE,           /* histogram, bytes */
         M_EVENTS,               /* gauge, label status */
         M_OLDEST_PENDING_AGE,   /* gauge, seconds */
+        M_VERSION_GAPS,         /* gauge */
+        M_VERSION_GAP_AGE,      /* gauge, seconds */
         M_LAST_BATCH_TIMESTAMP, /* gauge, unix seconds */
         M_SWEEPER_STALE_RESET,  /* counter */
         M_SWEEPER_DELETED,      /* counter */

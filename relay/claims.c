@@ -129,7 +129,7 @@ static int lock(struct claims *c, enum db_lock_kind kind, int limit, struct db_b
 
 /* The window's lock statement: with the per-aggregate guard, or without. */
 static enum db_lock_kind window(const struct claims *c) {
-        return c->cfg->ordering == ORDERING_AGGREGATE ? DB_LOCK_RUNS : DB_LOCK_WINDOW;
+        return c->cfg->ordering == ORDERING_NONE ? DB_LOCK_WINDOW : DB_LOCK_RUNS;
 }
 
 /* Gives the batch locked ahead back unproduced (DB_MARK_RELEASED: the

@@ -23,6 +23,13 @@
  * many times as long as the last one took, so sampling keeps to about 2 % of
  * the relay's time however large the backlog. */
 #define SAMPLE_SPACING 50.0
+/* A version gap is reported (gauge, log line) once it has held its
+ * aggregate this long: versions committed a moment out of order are not. */
+#define GAP_REPORT_AFTER_S 5
+/* Gaps logged per sample at most; each is logged once (remembered by hash,
+ * up to GAP_SEEN_MAX, then forgotten all at once). */
+#define GAP_LOG_MAX  20
+#define GAP_SEEN_MAX 1024
 /* librdkafka's own message timeout may report up to about a second late
  * (timeout scans); messages sent just before every broker went away are not
  * timed out at all by the idempotent producer until it reconnects. Past the
@@ -55,9 +62,17 @@ struct relay {
         struct kafka *kafka;
         struct row_state *rows; /* of the batch being published */
         unsigned seed;
-        double next_sample; /* no table sample before this (monotonic) */
-        int sample_slow;    /* the last sample stretched the interval */
+        double next_sample;                         /* no table sample before this (monotonic) */
+        unsigned long long gaps_seen[GAP_SEEN_MAX]; /* hashes of gaps logged */
+        size_t ngaps_seen;
+        int sample_slow; /* the last sample stretched the interval */
 };
+
+enum db_order relay_db_order(int ordering) {
+        return ordering == ORDERING_NONE         ? DB_ORDER_NONE
+               : ordering == ORDERING_INCREASING ? DB_ORDER_INCREASING
+                                                 : DB_ORDER_CONSECUTIVE;
+}
 
 long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
         long long d = initial_ms;
@@ -100,6 +115,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 goto fail;
         }
         db_set_test_hooks(r->db, cfg->test_lock_delay_ms, cfg->test_sample_delay_ms);
+        db_set_order(r->db, relay_db_order(cfg->ordering));
         r->claims = claims_new(cfg, r->db, http, errstr, errstr_size);
         if (!r->claims)
                 goto fail;
@@ -226,7 +242,7 @@ static int assign_waves(struct relay *r, const struct db_batch *b) {
                 const struct outbox_event *e = &b->events[i], *p = e - 1;
                 free(r->rows[i].topic);
                 memset(&r->rows[i], 0, sizeof r->rows[i]);
-                if (i > 0 && r->cfg->ordering == ORDERING_AGGREGATE &&
+                if (i > 0 && r->cfg->ordering != ORDERING_NONE &&
                     !strcmp(e->aggregate_id, p->aggregate_id) &&
                     !strcmp(e->aggregate_type, p->aggregate_type) &&
                     !strcmp(e->tenant_id, p->tenant_id))
@@ -235,6 +251,17 @@ static int assign_waves(struct relay *r, const struct db_batch *b) {
                         waves = r->rows[i].wave + 1;
         }
         return waves;
+}
+
+/* A version committed after a later one of its aggregate was published: it
+ * cannot reach Kafka in order, so it goes DEAD unsent, and says why. */
+static void late_row(const struct outbox_event *ev, struct row_state *st) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "version %lld committed after version %lld was published: not sent "
+                 "(per-aggregate order)",
+                 ev->aggregate_version, ev->late_after);
+        row_fail(st, 1, 0, "LATE_VERSION", why);
 }
 
 /* Produces the batch wave by wave, each wave's reports awaited before the
@@ -249,6 +276,10 @@ static int produce_waves(struct relay *r, const struct db_batch *b, volatile sig
                         struct row_state *st = &r->rows[i];
                         if (st->wave != w)
                                 continue;
+                        if (b->events[i].late) {
+                                late_row(&b->events[i], st);
+                                continue;
+                        }
                         /* rows[i - 1] is the previous version of the same aggregate */
                         if (w > 0 && (rc != 0 || *stop || !r->rows[i - 1].ok)) {
                                 st->done = st->released = 1;
@@ -342,6 +373,55 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         return rc == 0 ? (long)n : -1;
 }
 
+/* Hash of a gap's aggregate and held version. */
+static unsigned long long gap_hash(const struct db_gap *g) {
+        unsigned long long h = 1469598103934665603ULL;
+        const char *parts[3] = {g->tenant_id, g->aggregate_type, g->aggregate_id};
+        for (int i = 0; i < 3; i++)
+                for (const char *p = parts[i];; p++) {
+                        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+                        if (!*p)
+                                break;
+                }
+        return h ^ (unsigned long long)g->held_version * 0x9E3779B97F4A7C15ULL;
+}
+
+/* 1 the first time gap g is seen (remembered from then on). */
+static int gap_is_new(struct relay *r, const struct db_gap *g) {
+        unsigned long long h = gap_hash(g);
+        for (size_t i = 0; i < r->ngaps_seen; i++)
+                if (r->gaps_seen[i] == h)
+                        return 0;
+        if (r->ngaps_seen == GAP_SEEN_MAX)
+                r->ngaps_seen = 0;
+        r->gaps_seen[r->ngaps_seen++] = h;
+        return 1;
+}
+
+/* Consecutive versions: versions held by a missing one, in the gauges, and
+ * a line for each gap the first time it is seen. */
+static void sample_gaps(struct relay *r) {
+        struct db_gap gaps[GAP_LOG_MAX];
+        size_t n;
+        long long total;
+        char err[512];
+        if (db_version_gaps(r->db, GAP_REPORT_AFTER_S, gaps, GAP_LOG_MAX, &n, &total, err,
+                            sizeof err) != 0) {
+                log_warn("db", "looking for version gaps failed", "err=%s", log_quote(err));
+                return;
+        }
+        metrics_set(M_VERSION_GAPS, NULL, (double)total);
+        metrics_set(M_VERSION_GAP_AGE, NULL, n ? gaps[0].age_s : 0);
+        for (size_t i = 0; i < n; i++)
+                if (gap_is_new(r, &gaps[i]))
+                        log_warn("relay", "version gap holds an aggregate",
+                                 "tenant_id=%s aggregate_type=%s aggregate_id=%s held_version=%lld "
+                                 "missing_from=%lld missing_to=%lld age_s=%.0f",
+                                 log_quote(gaps[i].tenant_id), log_quote(gaps[i].aggregate_type),
+                                 log_quote(gaps[i].aggregate_id), gaps[i].held_version,
+                                 gaps[i].prev_version + 1, gaps[i].held_version - 1, gaps[i].age_s);
+}
+
 static void sample_table(struct relay *r) {
         double counts[DB_ROW_STATUS_COUNT], age;
         char err[512];
@@ -353,6 +433,8 @@ static void sample_table(struct relay *r) {
                 log_warn("db", "sampling the table failed", "err=%s", log_quote(err));
                 return;
         }
+        if (r->cfg->ordering == ORDERING_AGGREGATE)
+                sample_gaps(r);
         double took = clock_mono_s() - t;
         int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
         if (slow)
@@ -380,7 +462,9 @@ static void heartbeat(struct relay *r) {
 int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
         log_info("relay", "started", "relay_id=%s table=%s batch_size=%d ordering=%s",
                  r->cfg->relay_id, r->cfg->table, r->cfg->batch_size,
-                 r->cfg->ordering == ORDERING_AGGREGATE ? "aggregate" : "none");
+                 r->cfg->ordering == ORDERING_AGGREGATE    ? "aggregate"
+                 : r->cfg->ordering == ORDERING_INCREASING ? "increasing"
+                                                           : "none");
         while (!*stop) {
                 heartbeat(r);
                 if (claims_ready(r->claims, stop) != 0)

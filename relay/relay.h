@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "db.h"
 #include "http.h"
 
 struct relay;
@@ -24,6 +25,9 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop);
 
 /* Frees everything. NULL is a no-op. */
 void relay_destroy(struct relay *r);
+
+/* The lock statements' order rule for OUTBOX_ORDERING (enum config_ordering). */
+enum db_order relay_db_order(int ordering);
 
 /* Backoff before retry number `attempt` (1-based): initial * 2^(attempt-1)
  * capped at max_ms, then jittered into [delay/2, delay]. `seed` is the

@@ -64,7 +64,7 @@ void sweeper_destroy(struct sweeper *s) {
  * check 003_park_blocked.sql has not widened yet refuses every park). */
 static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res) {
         const struct config *cfg = s->cfg;
-        int ordered = cfg->ordering == ORDERING_AGGREGATE;
+        int ordered = cfg->ordering != ORDERING_NONE;
         int batch = cfg->delete_batch > INT_MAX / PARK_BATCH_FACTOR
                             ? INT_MAX
                             : cfg->delete_batch * PARK_BATCH_FACTOR;
@@ -101,31 +101,41 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         res->stale_reset = res->deleted = res->parked = res->unparked = 0;
         res->statements = 0;
         /* Stale locks first: they hold up whole aggregates. */
+        long long dead, dead_total = 0;
         do {
-                if (db_reset_stale(s->db, cfg->lock_timeout_s, cfg->delete_batch, &n, errstr,
-                                   errstr_size) != 0)
+                if (db_reset_stale(s->db, cfg->lock_timeout_s, cfg->max_attempts, cfg->delete_batch,
+                                   &n, &dead, errstr, errstr_size) != 0)
                         return -1;
                 res->stale_reset += n;
+                dead_total += dead;
                 metrics_add(M_SWEEPER_STALE_RESET, NULL, (double)n);
                 beat(s);
         } while (n >= cfg->delete_batch && !*stop);
         if (res->stale_reset)
-                log_warn("sweeper", "stale locks returned", "rows=%lld lock_timeout_s=%d",
-                         res->stale_reset, cfg->lock_timeout_s);
+                log_warn("sweeper", "stale locks returned", "rows=%lld dead=%lld lock_timeout_s=%d",
+                         res->stale_reset, dead_total, cfg->lock_timeout_s);
+        if (dead_total)
+                log_warn("sweeper", "stale locks with their attempts used up went DEAD",
+                         "rows=%lld max_attempts=%d", dead_total, cfg->max_attempts);
 
         if (!*stop)
                 park(s, stop, res);
         if (cfg->retention_s == 0 || *stop)
                 return 0;
+        /* Consecutive versions, if asked: each aggregate's latest published
+         * row stays, so a version after it is never taken for the
+         * aggregate's first (a gap right after it is seen). */
+        int keep_latest = cfg->ordering == ORDERING_AGGREGATE && cfg->retention_keep_latest;
+        long long seen;
         do {
-                if (db_delete_published(s->db, cfg->retention_s, cfg->delete_batch, &n, errstr,
-                                        errstr_size) != 0)
+                if (db_delete_published(s->db, cfg->retention_s, cfg->delete_batch, keep_latest, &n,
+                                        &seen, errstr, errstr_size) != 0)
                         return -1;
                 res->deleted += n;
                 res->statements++;
                 metrics_add(M_SWEEPER_DELETED, NULL, (double)n);
                 beat(s);
-        } while (n >= cfg->delete_batch && !*stop);
+        } while (seen >= cfg->delete_batch && !*stop);
         return 0;
 }
 

@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS outbox_event (
     last_error_message text        NULL,
     created_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- The inserting transaction: a version committed late is told apart
+    -- from an aggregate's first one (docs/DESIGN.md, "Per-aggregate order").
+    -- Set by the default; NULL (rows older than this column) counts as old.
+    txid               xid8        NULL DEFAULT pg_current_xact_id(),
     CONSTRAINT outbox_event_status_check
         CHECK (status IN ('PENDING', 'PUBLISHING', 'PUBLISHED', 'FAILED', 'DEAD')),
     CONSTRAINT outbox_event_aggregate_version_key
@@ -79,12 +83,15 @@ CREATE INDEX IF NOT EXISTS outbox_event_unpublished_idx
     ON outbox_event (tenant_id, aggregate_type, aggregate_id, aggregate_version)
     WHERE published_at IS NULL;
 
--- The sweeper's retention delete, by publish time. Its stale-lock scan uses
+-- The sweeper's retention delete, by publish time. Each aggregate's latest
+-- published row is kept (the guard tells a gap from a first version by it)
+-- and moved out of this index's range by available_at 'infinity', so the
+-- delete never reads kept rows again. Its stale-lock scan uses
 -- outbox_event_due_idx: a PUBLISHING row was due when it was locked, so a lock
 -- older than the lock timeout belongs to a row due before that.
-CREATE INDEX IF NOT EXISTS outbox_event_published_idx
+CREATE INDEX IF NOT EXISTS outbox_event_retention_idx
     ON outbox_event (published_at)
-    WHERE published_at IS NOT NULL;
+    WHERE published_at IS NOT NULL AND available_at <> 'infinity';
 
 -- One NOTIFY per inserting statement, on the channel '<schema>.<table>' (cut to
 -- 63 bytes, PostgreSQL's limit for a channel name), so idle relays wake at once.

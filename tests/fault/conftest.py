@@ -247,7 +247,7 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
             if held is None or held[0] != r["old_locked_by"]:
                 a.violations.append("%s: released lock of %s that the audit never saw taken"
                                     % (where, r["old_locked_by"]))
-            if r["code"] == "STALE_LOCK" and r["new_status"] == "FAILED" and \
+            if r["code"] == "STALE_LOCK" and r["new_status"] in ("FAILED", "DEAD") and \
                     actor and actor.startswith("sweeper"):
                 a.stale_resets[oid] += 1
                 a.releases[("sweeper", "STALE_LOCK")] += 1

@@ -223,3 +223,58 @@ def test_increasing_mode_holds_a_late_commit(db, kafka, tmp_path):
         t1.close()
     seen, _ = versions_on_kafka(db, kafka, "inc")
     assert seen == [10, 20]
+
+
+def published_long_ago(db, agg, versions, hours=3):
+    db.execute("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+               " status, published_at, created_at, occurred_at)"
+               " SELECT 'Order', %%s, v, 'E' || v, 'PUBLISHED', now() - %%s * interval '1 hour',"
+               " now() - %%s * interval '1 hour', now() - %%s * interval '1 hour'"
+               " FROM unnest(%%s::bigint[]) v" % db.table, (agg, hours, hours, hours, versions))
+
+
+def sweep_once(db, tmp_path, name, **env):
+    env = {**db.env(), "OUTBOX_HTTP_ADDR": "off", "OUTBOX_LOG_FORMAT": "text",
+           "OUTBOX_RETENTION_S": "3600", "OUTBOX_RETENTION_KEEP_LATEST": "true", **env}
+    sweeper = Relay("outbox-sweeper", env=env, args=["--once"], log_dir=tmp_path, name=name)
+    assert sweeper.wait(60) == 0, sweeper.log_text()[-2000:]
+
+
+def versions_left(db, agg):
+    return [(r["aggregate_version"], r["available_at"].year == 9999)
+            for r in db.rows(order_by="aggregate_version",
+                             where="aggregate_id = %s", params=(agg,))]
+
+
+def test_retention_keeps_each_aggregates_latest_row_so_a_later_gap_is_seen(db, kafka, tmp_path):
+    published_long_ago(db, "kept", [1, 2, 3])
+    published_long_ago(db, "solo", [1])
+    sweep_once(db, tmp_path, "sweep1")
+    # versions 1 and 2 are gone; 3, the latest, stays, parked out of later scans
+    assert versions_left(db, "kept") == [(3, True)]
+    assert versions_left(db, "solo") == [(1, True)]
+    # version 5 after it: the gap (4) is seen even though 1-3 are long published
+    db.insert_events([row("kept", 5)])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        witness(db, "w4")
+        assert status(db, "kept", 5) == "PENDING"
+        db.insert_events([row("kept", 4)])
+        wait_until(lambda: status(db, "kept", 5) == "PUBLISHED", 30, what="versions 4, 5")
+        assert relay.stop() == 0
+    seen, _ = versions_on_kafka(db, kafka, "kept")
+    assert seen == [4, 5]
+    # once 4 and 5 are old too, 3 and 4 go and 5 is the one kept
+    db.execute("UPDATE %s SET published_at = now() - interval '2 hours' WHERE aggregate_id ="
+               " 'kept'" % db.table)
+    sweep_once(db, tmp_path, "sweep2")
+    assert versions_left(db, "kept") == [(5, True)]
+    # by default (storage bounded) retention deletes every old row
+    published_long_ago(db, "plain", [1, 2])
+    sweep_once(db, tmp_path, "sweep2b", OUTBOX_RETENTION_KEEP_LATEST="false")
+    assert versions_left(db, "plain") == []
+    # without the consecutive rule nothing needs keeping
+    sweep_once(db, tmp_path, "sweep3", OUTBOX_ORDERING="increasing")
+    assert versions_left(db, "kept") == [(5, True)]  # parked rows are out of its range
+    published_long_ago(db, "free", [1, 2])
+    sweep_once(db, tmp_path, "sweep4", OUTBOX_ORDERING="none")
+    assert versions_left(db, "free") == []

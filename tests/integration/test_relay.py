@@ -211,7 +211,8 @@ def test_upgrade_migration_from_status_indexes(db):
     db.execute("ALTER TABLE %s DROP CONSTRAINT outbox_event_published_at_check,"
                " DROP CONSTRAINT outbox_event_parked_check, RESET (fillfactor)" % t)
     db.execute("DROP INDEX %s.outbox_event_due_idx, %s.outbox_event_unpublished_idx,"
-               " %s.outbox_event_published_idx" % (db.schema, db.schema, db.schema))
+               " %s.outbox_event_retention_idx" % (db.schema, db.schema, db.schema))
+    db.execute("ALTER TABLE %s DROP COLUMN txid" % t)
     db.execute("CREATE INDEX outbox_event_due_idx ON %s (available_at, aggregate_version)"
                " WHERE status IN ('PENDING', 'FAILED')" % t)
     db.execute("CREATE INDEX outbox_event_unpublished_idx ON %s (tenant_id, aggregate_type,"
@@ -224,12 +225,13 @@ def test_upgrade_migration_from_status_indexes(db):
         {"aggregate_type": "A", "aggregate_id": "a", "aggregate_version": v, "event_type": "E",
          "payload_json": {}, "status": st} for v, st in ((1, "PUBLISHED"), (2, "DEAD"),
                                                         (3, "PENDING"))])
-    migration = os.path.join(harness.repo_root(), "schemas", "postgres",
-                             "002_hot_lock_upgrade.sql")
+    migrations = [os.path.join(harness.repo_root(), "schemas", "postgres", name)
+                  for name in ("002_hot_lock_upgrade.sql", "004_version_order.sql")]
 
     def apply():
-        with open(migration, encoding="utf-8") as f:
-            db.execute(f.read())
+        for migration in migrations:
+            with open(migration, encoding="utf-8") as f:
+                db.execute(f.read())
         return db.execute("SELECT c.relname AS name, pg_get_expr(i.indpred, i.indrelid) AS pred,"
                           " i.indexrelid::int AS oid FROM pg_index i JOIN pg_class c"
                           " ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass"
@@ -240,7 +242,8 @@ def test_upgrade_migration_from_status_indexes(db):
         "outbox_event_aggregate_version_key": None, "outbox_event_pkey": None,
         "outbox_event_due_idx": "(published_at IS NULL)",
         "outbox_event_unpublished_idx": "(published_at IS NULL)",
-        "outbox_event_published_idx": "(published_at IS NOT NULL)"}
+        "outbox_event_retention_idx":
+            "((published_at IS NOT NULL) AND (available_at <> 'infinity'::timestamp with time zone))"}
     assert apply() == first  # nothing rebuilt the second time
     checks = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
                         " AND contype = 'c' ORDER BY 1", (t,))
@@ -249,8 +252,13 @@ def test_upgrade_migration_from_status_indexes(db):
                                               "outbox_event_status_check"]
     assert db.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
                       (t,))[0]["reloptions"] == ["fillfactor=50"]
+    txid = db.execute("SELECT pg_get_expr(d.adbin, d.adrelid) AS def FROM pg_attrdef d"
+                      " JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+                      " WHERE d.adrelid = %s::regclass AND a.attname = 'txid'", (t,))
+    assert txid == [{"def": "pg_current_xact_id()"}]  # old rows keep NULL: "old"
     rows = {r["aggregate_version"]: r for r in db.rows()}
     assert [rows[v]["outbox_id"] for v in (1, 2, 3)] == ids
+    assert all(r["txid"] is None for r in rows.values())
     assert rows[1]["published_at"] is not None  # from updated_at
     assert rows[2]["available_at"].year == 9999  # DEAD parked at 'infinity'
     assert rows[3]["status"] == "PENDING" and rows[3]["available_at"].year < 9999

@@ -62,6 +62,8 @@ Test(metrics, every_design_name_with_its_type) {
                 {"outbox_event_size_bytes", "histogram"},
                 {"outbox_events", "gauge"},
                 {"outbox_oldest_pending_age_seconds", "gauge"},
+                {"outbox_version_gaps", "gauge"},
+                {"outbox_version_gap_age_seconds", "gauge"},
                 {"outbox_relay_last_batch_timestamp_seconds", "gauge"},
                 {"outbox_sweeper_stale_locks_reset_total", "counter"},
                 {"outbox_sweeper_rows_deleted_total", "counter"},
@@ -315,6 +317,6 @@ Test(metrics, per_program_sets) {
         text = render();
         cr_expect_not_null(strstr(text, "\noutbox_relay_last_batch_timestamp_seconds 0\n"));
         cr_expect_null(strstr(text, "outbox_sweeper_"));
-        cr_expect_eq(count_prefix(text, "# TYPE "), 12);
+        cr_expect_eq(count_prefix(text, "# TYPE "), 14);
         free(text);
 }

@@ -138,6 +138,7 @@ logFormat: OUTBOX_LOG_FORMAT
 lockTimeoutS: OUTBOX_LOCK_TIMEOUT_S
 sweepIntervalS: OUTBOX_SWEEP_INTERVAL_S
 retentionS: OUTBOX_RETENTION_S
+retentionKeepLatest: OUTBOX_RETENTION_KEEP_LATEST
 deleteBatch: OUTBOX_DELETE_BATCH
 {{- end }}
 
