@@ -67,6 +67,19 @@ void db_check_conn(struct db *db) {
                 db_disconnect(db);
 }
 
+void db_check_result(struct db *db, const PGresult *r) {
+        const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+        /* undefined table, schema or column: the table went away or changed
+         * under the prepared statements; a reconnect resolves it again (and
+         * reports it missing, with backoff and not-ready, until it is back) */
+        if (state &&
+            (!strcmp(state, "42P01") || !strcmp(state, "3F000") || !strcmp(state, "42703"))) {
+                db_disconnect(db);
+                return;
+        }
+        db_check_conn(db);
+}
+
 int db_exec_simple(struct db *db, const char *sql, char *errstr, size_t size) {
         PGresult *r = PQexec(db->conn, sql);
         ExecStatusType st = PQresultStatus(r);
@@ -83,8 +96,8 @@ PGresult *db_run(struct db *db, const struct db_stmt *s, const char *const *para
         if (PQresultStatus(r) == want)
                 return r;
         errstr_set(errstr, size, "%s: %s", s->what, PQerrorMessage(db->conn));
+        db_check_result(db, r);
         PQclear(r);
-        db_check_conn(db);
         return NULL;
 }
 

@@ -364,8 +364,8 @@ static PGresult *get_lock(struct db *db, const struct db_stmt *stmt, int *unknow
                  * connection lost without one leaves its outcome unknown. */
                 *unknown = PQstatus(db->conn) != CONNECTION_OK &&
                            !PQresultErrorField(r, PG_DIAG_SQLSTATE) && !db->closing;
+                db_check_result(db, r);
                 PQclear(r);
-                db_check_conn(db);
                 return NULL;
         }
         return r;

@@ -43,6 +43,10 @@ extern const size_t db_table_stmt_count;
  * reconnects. */
 void db_check_conn(struct db *db);
 
+/* A statement failed with result r: db_check_conn(), and drops the
+ * connection too when the table or a column it names is gone. */
+void db_check_result(struct db *db, const PGresult *r);
+
 /* Runs a statement without parameters that is not in a table (transaction
  * control); -1 (errstr set) unless it succeeded. */
 int db_exec_simple(struct db *db, const char *sql, char *errstr, size_t size);

@@ -175,6 +175,10 @@ void lifecycle_nap(struct http *http, long long ms, volatile sig_atomic_t *stop)
         }
 }
 
+int lifecycle_retry_ms(int backoff_ms, volatile sig_atomic_t *stop) {
+        return *stop ? LIFECYCLE_STOP_RETRY_MS : backoff_ms;
+}
+
 void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t *stop) {
         lifecycle_nap(http, *backoff_ms, stop);
         *backoff_ms = *backoff_ms > LIFECYCLE_RECONNECT_MAX_MS / 2 ? LIFECYCLE_RECONNECT_MAX_MS
@@ -191,8 +195,8 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                 *backoff_ms = LIFECYCLE_RECONNECT_MIN_MS;
                 return 0;
         }
-        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", *backoff_ms,
-                 log_quote(err));
+        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
+                 lifecycle_retry_ms(*backoff_ms, stop), log_quote(err));
         if (http)
                 http_set_ready(http, 0);
         lifecycle_backoff(http, backoff_ms, stop);

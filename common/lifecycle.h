@@ -43,6 +43,13 @@ void lifecycle_nap(struct http *http, long long ms, volatile sig_atomic_t *stop)
 
 #define LIFECYCLE_RECONNECT_MIN_MS 100
 #define LIFECYCLE_RECONNECT_MAX_MS 5000
+/* After a stop request, naps end at once; callers that retry until a stop
+ * deadline pause this long between tries instead of the backoff. */
+#define LIFECYCLE_STOP_RETRY_MS 200
+
+/* The wait before the next retry, as a log line should state it: the
+ * backoff, or LIFECYCLE_STOP_RETRY_MS after a stop request. */
+int lifecycle_retry_ms(int backoff_ms, volatile sig_atomic_t *stop);
 
 /* Naps *backoff_ms (see lifecycle_nap), then doubles it up to
  * LIFECYCLE_RECONNECT_MAX_MS. */

@@ -14,8 +14,6 @@
 /* After a stop request, how long marking and taking back may keep retrying a
  * lost database (then the sweeper returns what is left). */
 #define STOP_GRACE_S 30.0
-/* Between those retries. */
-#define STOP_RETRY_NS 200000000L
 /* A batch locked ahead goes out only if its lock is at most this old; older
  * (the batch before it waited for a broker), it is given back unproduced and
  * locked again later, so no lock lives much longer than one batch's delivery
@@ -84,7 +82,7 @@ static int stop_grace_over(struct claims *c) {
                 c->stop_deadline = clock_mono_s() + STOP_GRACE_S;
         else if (clock_mono_s() > c->stop_deadline)
                 return 1;
-        struct timespec ts = {0, STOP_RETRY_NS};
+        struct timespec ts = {0, LIFECYCLE_STOP_RETRY_MS * 1000000L};
         nanosleep(&ts, NULL);
         return 0;
 }
@@ -107,7 +105,7 @@ static int mark(struct claims *c, size_t n, volatile sig_atomic_t *stop) {
                 if (db_connected(c->db)) {
                         /* connected but failing: wait like a reconnect would */
                         log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
-                                 c->reconnect_ms, log_quote(err));
+                                 lifecycle_retry_ms(c->reconnect_ms, stop), log_quote(err));
                         lifecycle_backoff(c->http, &c->reconnect_ms, stop);
                 }
                 if (*stop && stop_grace_over(c)) {
