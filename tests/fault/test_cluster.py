@@ -34,6 +34,10 @@ PARTITIONS = 6
 # the SIGSTOP lasts longer.
 REQUEST_TIMEOUT_MS = 2000
 DELIVERY_TIMEOUT_MS = 5000
+# What else a row may fail with while brokers shut down (all retriable).
+RETRIABLE_ON_SHUTDOWN = {"_MSG_TIMED_OUT", "_TRANSPORT", "NOT_LEADER_FOR_PARTITION",
+                         "LEADER_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "_PURGE_INFLIGHT",
+                         "_PURGE_QUEUE"}
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +250,9 @@ def test_two_brokers_down_rows_wait_then_publish(db, cluster, tmp_path, report, 
     assert marks, "no row FAILED during the outage"
     for a in marks:
         assert a["available_at"] > a["ts"], ("no backoff", a)
-    assert {a["code"] for a in marks} <= codes, {a["code"] for a in marks}
+    # Connections the stopping brokers closed may add other retriable codes.
+    seen = {a["code"] for a in marks}
+    assert seen & codes and seen <= codes | RETRIABLE_ON_SHUTDOWN, seen
 
 
 def test_rolling_restart_under_load(db, cluster, tmp_path, report):
