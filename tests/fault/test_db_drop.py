@@ -17,6 +17,11 @@ from harness import Relay, make_events, wait_until
 TERMINATIONS = 4
 
 
+def relay_backends(db):
+    return db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
+                      "current_database() AND application_name = 'outbox-relay'")[0]["n"]
+
+
 def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
     if not pg.restartable:
         pytest.skip("needs OUTBOX_TEST_PG_DIR (or no OUTBOX_TEST_DATABASE_URL) to restart "
@@ -37,6 +42,9 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
             target = total * (i + 1) // (TERMINATIONS + 3)
             wait_until(lambda: published() >= target, 60, interval=0.02,
                        what="progress before termination %d" % (i + 1))
+            # connected again after the round before (progress may have come first)
+            wait_until(lambda: relay_backends(db), 30, interval=0.02,
+                       what="the relay connected before termination %d" % (i + 1))
             with kafka.paused() if i % 2 == 0 else contextlib.nullcontext():
                 if i % 2 == 0:
                     wait_until(lambda: db.count("status = 'PUBLISHING'"), 10, interval=0.02,
