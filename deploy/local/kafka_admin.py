@@ -7,14 +7,14 @@ protocol versions.
     kafka_admin.py create BOOTSTRAP NAME [--partitions N] [--replication R] [--config K=V]...
     kafka_admin.py leaders BOOTSTRAP TOPIC       one line per partition: "P LEADER ISR,..."
 
-Importable: wait_brokers(), create_topic(), leaders().
+Importable: wait_brokers(), create_topic(), leaders(), end_offsets().
 """
 
 import argparse
 import sys
 import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -48,6 +48,19 @@ def leaders(bootstrap, topic, timeout=10.0, extra=None):
     if t is None or t.error is not None:
         return {}
     return {p.id: (p.leader, list(p.isrs)) for p in t.partitions.values()}
+
+
+def end_offsets(bootstrap, topic, timeout=10.0, extra=None):
+    """{partition: high watermark} of topic."""
+    conf = {"bootstrap.servers": bootstrap, "group.id": "kafka-admin", "log_level": 0,
+            "enable.auto.commit": False}
+    conf.update(extra or {})
+    c = Consumer(conf)
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in leaders(bootstrap, topic, timeout, extra)}
+    finally:
+        c.close()
 
 
 def create_topic(bootstrap, name, partitions=1, replication=1, config=None, timeout=30.0,

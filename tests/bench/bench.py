@@ -2,14 +2,18 @@
 """tests/bench/bench.py - the six measurements of issue 6, one run, one table.
 
 Run through tests/bench/run (it builds the programs first). Starts its own
-throwaway PostgreSQL (deploy/local/pg, never the test suite's server) and one
-outbox-mockbroker per scenario; everything is measured in this one run:
+throwaway PostgreSQL (deploy/local/pg, never the test suite's server), one
+outbox-mockbroker per scenario and, for rows 2 and 4, one Apache Kafka node
+(deploy/local/kafka, a fresh topic per run) beside it (--brokers); everything
+is measured in this one run:
 
   1 ceiling   the relay's own lock/mark statements (outbox-bench-sqlcycle,
               linked to outbox-common) draining the backlog, 1 and 2 clients
   2 relay     outbox-relay draining the same backlog, 1 and 2 instances
+              (each broker of --brokers: the mock cluster, Apache Kafka)
   3 backlog   time to lock one batch with 10k and with 1M pending rows
   4 latency   steady 1k events/s of single-row insert transactions, commit -> ack
+              (each broker of --brokers)
   5 rss       relay VmRSS/VmHWM during the relay runs
   6 hot       200k events over 10 aggregates
   7 blocked   (beyond the issue) 20k events drained while 100k versions wait
@@ -27,6 +31,8 @@ before it; the table gives medians.
 """
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -42,6 +48,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
 os.environ.pop("OUTBOX_TEST_DATABASE_URL", None)  # never the test suite's server
 
 import harness  # noqa: E402
+import kafka_dump  # noqa: E402
 import psycopg2  # noqa: E402
 
 TOPIC = "outbox.event.Order"  # OUTBOX_TOPIC_TEMPLATE default with aggregate_type Order
@@ -200,8 +207,8 @@ class CpuWindow:
     broker, sqlcycle; and itself) and the rest, "other": whatever else runs on
     the shared machine. A pair whose runs had other work beside them compares
     two differently loaded machines."""
-    def __init__(self, pg_dir):
-        self.pg_dir = pg_dir
+    def __init__(self, pg_dir, extra_pids=()):
+        self.pg_dir, self.extra_pids = pg_dir, set(extra_pids)  # e.g. a broker's JVM
         self.t0, self.busy0, self.own0 = time.monotonic(), self.busy(), self.own()
 
     @staticmethod
@@ -216,9 +223,9 @@ class CpuWindow:
     def own(self):
         try:
             with open(os.path.join(self.pg_dir, "data", "postmaster.pid")) as f:
-                roots = {int(f.readline()), os.getpid()}
+                roots = {int(f.readline()), os.getpid()} | self.extra_pids
         except (OSError, ValueError):
-            roots = {os.getpid()}
+            roots = {os.getpid()} | self.extra_pids
         ticks = 0
         for name in os.listdir("/proc"):
             fields = proc_stat(int(name)) if name.isdigit() else None
@@ -273,6 +280,15 @@ def hist_quantile(buckets, q):
     return prev_le
 
 
+class Broker:
+    """The broker of one run: kind ("mock" or "apache"), bootstrap, the
+    broker process's pid, the run's topic and the relays' extra environment."""
+
+    def __init__(self, kind, bootstrap, pid, topic, env):
+        self.kind, self.bootstrap, self.pid, self.topic, self.env = \
+            kind, bootstrap, pid, topic, env
+
+
 class Relays:
     """n outbox-relay processes on one table, each with its own /metrics port."""
 
@@ -323,7 +339,7 @@ class Relays:
 def broker_counts(bootstrap, topic):
     """(messages retained in the broker, messages ever appended) over all partitions."""
     from kafka import KafkaConsumer, TopicPartition
-    c = KafkaConsumer(bootstrap_servers=bootstrap, api_version=(2, 0, 0))
+    c = KafkaConsumer(bootstrap_servers=bootstrap, api_version=kafka_dump.API_VERSION)
     try:
         parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
         beg, end = c.beginning_offsets(parts), c.end_offsets(parts)
@@ -353,6 +369,8 @@ class Bench:
         os.environ["PG_FSYNC"] = "off"
         self.pg = harness.Postgres()  # its own server in a temporary directory
         self.db = Db(self.pg)
+        self.apache = None  # the Apache Kafka node, started at its first run
+        self.topics = itertools.count(1)
 
     def record(self, **kw):
         kw["load"] = loadavg()
@@ -369,9 +387,62 @@ class Bench:
         c.close()
         return sum(RssSampler.cpu_s(p) for p in pids)
 
-    def broker(self, partitions):
-        return harness.MockBroker(["%s:%d" % (TOPIC, partitions)], log_dir=self.out_dir,
-                                  binary=self.mock_bin)
+    @contextlib.contextmanager
+    def broker(self, partitions, kind="mock"):
+        """A broker with an empty topic of `partitions` for one run: a fresh
+        mock cluster, or a fresh topic on the bench's Apache Kafka node (a JVM
+        with its heap and JIT warm from the runs before, as in production).
+        Yields a Broker: .bootstrap, .pid, .topic, .env (for the relays)."""
+        if kind == "mock":
+            with harness.MockBroker(["%s:%d" % (TOPIC, partitions)], log_dir=self.out_dir,
+                                    binary=self.mock_bin) as m:
+                yield Broker(kind, m.bootstrap, m.proc.pid, TOPIC, {})
+            return
+        if self.apache is None:
+            # A production-like JVM (G1, full JIT, 1 GiB heap) unless told otherwise.
+            os.environ.setdefault("KAFKA_HEAP", "1g")
+            os.environ.setdefault("KAFKA_JVM_OPTS", "-XX:+UseG1GC -XX:MaxGCPauseMillis=20")
+            t0 = time.monotonic()
+            self.apache = harness.KafkaCluster(nodes=1)
+            self.results["kafka_version"] = self.kafka_version()
+            self.results["kafka_jvm"] = "%s heap, %s" % (os.environ["KAFKA_HEAP"],
+                                                         os.environ["KAFKA_JVM_OPTS"])
+            log("Apache Kafka %s up in %.1fs: %s" % (self.results["kafka_version"],
+                                                    time.monotonic() - t0, self.apache.bootstrap))
+            self.warm_up(partitions)
+        prefix = "bench.run%d" % next(self.topics)
+        topic = prefix + ".Order"  # OUTBOX_TOPIC_TEMPLATE below, aggregate_type Order
+        self.apache.create_topic(topic, partitions)
+        yield Broker(kind, self.apache.bootstrap, self.apache.pid(1), topic,
+                     {"OUTBOX_TOPIC_TEMPLATE": prefix + ".{aggregate_type}"})
+
+    def warm_up(self, partitions, n=200000):
+        """Produces n messages of the bench's size into a topic of their own,
+        so the first measured run does not pay for the JVM's JIT and the
+        broker's first segments."""
+        from confluent_kafka import Producer
+        t0 = time.monotonic()
+        self.apache.create_topic("bench.warmup", partitions)
+        p = Producer({"bootstrap.servers": self.apache.bootstrap, "acks": "all",
+                      "enable.idempotence": True, "linger.ms": 5, "compression.type": "zstd",
+                      "log_level": 0})
+        value = b"x" * PAYLOAD_BYTES
+        for i in range(n):
+            while True:
+                try:
+                    p.produce("bench.warmup", value, key=b"order-%d" % (i % 2000))
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            if i % 10000 == 0:
+                p.poll(0)
+        left = p.flush(120)
+        log("warm-up: %d messages in %.1fs (%d undelivered)" % (n, time.monotonic() - t0, left))
+
+    @staticmethod
+    def kafka_version():
+        return subprocess.run([harness.KafkaCluster.SCRIPT, "version"], capture_output=True,
+                              text=True).stdout.strip()
 
     def set_fsync(self, on):
         os.environ["PG_FSYNC"] = "on" if on else "off"
@@ -404,17 +475,18 @@ class Bench:
 
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
-                    check_order=False, rep=0, prepare=None):
+                    check_order=False, rep=0, prepare=None, broker="mock"):
         n = n or self.n
         aggregates = aggregates or self.args.aggregates
         s = self.db.new_table("%s%d" % (name, instances))
         self.db.load(s, n, aggregates)
         extra = prepare(s) if prepare else {}
-        with self.broker(self.args.partitions) as kafka:
+        with self.broker(self.args.partitions, broker) as kafka:
             load = loadavg()
             t0 = time.monotonic()
-            cw = CpuWindow(self.pg.dir)
-            rel = Relays(self, s, instances, kafka, name)
+            broker_cpu0 = RssSampler.cpu_s(kafka.pid)
+            cw = CpuWindow(self.pg.dir, [kafka.pid])
+            rel = Relays(self, s, instances, kafka, name, kafka.env)
             try:
                 done = rel.wait_published(n, time_box or 600)
                 mem_cpu = cw.stop()
@@ -426,18 +498,18 @@ class Bench:
             mem["pg_cpu_s"] = pg_cpu
             mem.update(mem_cpu)
             wall = time.monotonic() - t0
-            mem["broker_cpu_s"] = RssSampler.cpu_s(kafka.proc.pid)
+            mem["broker_cpu_s"] = RssSampler.cpu_s(kafka.pid) - broker_cpu0
             pub, secs, first = self.db.drain_stats(s)
-            log("%s x%d: first mark %.2fs after the first lock, last after %.2fs"
-                % (name, instances, first, secs))
-            retained, appended = broker_counts(kafka.bootstrap, TOPIC)
+            log("%s x%d (%s): first mark %.2fs after the first lock, last after %.2fs"
+                % (name, instances, broker, first, secs))
+            retained, appended = broker_counts(kafka.bootstrap, kafka.topic)
             order = {}
             if retained < appended:
                 log("WARNING: broker retained %d of %d messages (per-partition retention):"
                     " G2 not checked on this run" % (retained, appended))
             elif check_order or self.args.check_order:
                 t1 = time.monotonic()
-                msgs = harness.read_topics(kafka.bootstrap, topics=[TOPIC], timeout_s=300)
+                msgs = harness.read_topics(kafka.bootstrap, topics=[kafka.topic], timeout_s=300)
                 ok, details = harness.check_order(msgs)
                 order = {"order_ok": ok, "order_violations": len(details),
                          "duplicates": harness.count_duplicates(msgs), "read": len(msgs)}
@@ -445,6 +517,7 @@ class Bench:
                                                             "ok" if ok else details[:5]))
         s.drop()
         res = dict(row=name, instances=instances, rep=rep, aggregates=aggregates, events=n,
+                   broker=broker,
                    rows=pub, seconds=secs, rows_per_s=pub / secs if secs else 0,
                    first_mark_s=first,
                    complete=bool(done), wall_s=wall, batches=batches,
@@ -502,10 +575,10 @@ class Bench:
         return self.record(row="backlog", pending=rows, load_before=load, **kv)
 
     # 4
-    def latency(self, rate, seconds):
+    def latency(self, rate, seconds, broker="mock"):
         s = self.db.new_table("latency")
-        with self.broker(self.args.partitions) as kafka:
-            rel = Relays(self, s, 1, kafka, "latency")
+        with self.broker(self.args.partitions, broker) as kafka:
+            rel = Relays(self, s, 1, kafka, "latency", kafka.env)
             try:
                 time.sleep(1.0)  # producer connected, relay idle in its NOTIFY wait
                 load = loadavg()
@@ -524,7 +597,7 @@ class Bench:
         occ_lat = sorted((r["pub"] - r["occ"]) * 1e3 for r in rows)
         h = histogram(text, "outbox_publish_latency_seconds")
         span = max(commits.values()) - min(commits.values())
-        return self.record(row="latency", offered_per_s=rate, events=total,
+        return self.record(row="latency", broker=broker, offered_per_s=rate, events=total,
                            achieved_per_s=total / span if span else 0, complete=ok,
                            p50_ms=pct(commit_lat, 50), p99_ms=pct(commit_lat, 99),
                            max_ms=commit_lat[-1] if commit_lat else None,
@@ -561,6 +634,8 @@ class Bench:
     def close(self):
         self.db.drop_all()
         self.pg.close()
+        if self.apache is not None:
+            self.apache.stop()
 
 
 def find_bin(build, *rels):
@@ -638,40 +713,47 @@ def table(res):
                               med(cs, "lock_ms_avg"), med(cs, "mark_ms_avg"), other(cs),
                               cs[-1]["load"]))
     add_ratios(runs)
-    for fs in ("off", "on"):
-        for i in (1, 2):
-            rs = find(row="relay", instances=i, fsync=fs)
-            if not rs:
-                continue
-            # the issue sets the targets with fsync off and asks for fsync on
-            # to be reported as well
-            tgt = "" if i == 1 else ">= 0.8 and >= 25k/s" if fs == "off" else "(reported)"
-            cpu = ""
-            if all(r.get("relay_cpu_s") for r in rs):
-                per = lambda k: sum(r[k] for r in rs) * 1e6 / sum(r["rows"] for r in rs)
-                cpu = ", CPU us/row: relays %.0f, broker %.0f" % (per("relay_cpu_s"),
-                                                                 per("broker_cpu_s"))
-                if all(r.get("pg_cpu_s") for r in rs):
-                    cpu += ", their PG backends %.0f" % per("pg_cpu_s")
-            m = "median " if len(rs) > 1 else ""
-            ratio = ("" if all(r["ratio"] != r["ratio"] for r in rs)  # nan: no ceiling run
-                     else ", %sratio %.2f%s" % (m, med(rs, "ratio"), each(rs, "%.2f", "ratio")))
-            out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates | %s | %s%.0f rows/s%s%s (avg batch %.0f%s) | %s | %s |"
-                       % (i, "s" if i > 1 else "", rs[0]["events"] // 1000, rs[0]["aggregates"], fs,
-                          m, med(rs, "rows_per_s"), each(rs, "%.0f", "rows_per_s"), ratio,
-                          med(rs, "avg_batch"), cpu + other(rs), tgt, rs[-1]["load"]))
+
+    def on(kind):
+        return ("mock cluster" if kind == "mock"
+                else "Apache Kafka %s" % res.get("kafka_version", ""))
+
+    for fs, kind, i in itertools.product(("off", "on"), ("mock", "apache"), (1, 2)):
+        rs = find(row="relay", instances=i, fsync=fs, broker=kind)
+        if not rs:
+            continue
+        # the issue sets the targets with fsync off against the mock cluster
+        # and asks for fsync on (and, later, Apache Kafka) to be reported
+        tgt = ("" if i == 1 else ">= 0.8 and >= 25k/s" if fs == "off" and kind == "mock"
+               else "(reported)")
+        cpu = ""
+        if all(r.get("relay_cpu_s") for r in rs):
+            per = lambda k: sum(r[k] for r in rs) * 1e6 / sum(r["rows"] for r in rs)
+            cpu = ", CPU us/row: relays %.0f, broker %.0f" % (per("relay_cpu_s"),
+                                                             per("broker_cpu_s"))
+            if all(r.get("pg_cpu_s") for r in rs):
+                cpu += ", their PG backends %.0f" % per("pg_cpu_s")
+        m = "median " if len(rs) > 1 else ""
+        ratio = ("" if all(r["ratio"] != r["ratio"] for r in rs)  # nan: no ceiling run
+                 else ", %sratio %.2f%s" % (m, med(rs, "ratio"), each(rs, "%.2f", "ratio")))
+        out.append("| 2 | relay, %d instance%s, %dk events / %d aggregates, %s | %s | %s%.0f rows/s%s%s (avg batch %.0f%s) | %s | %s |"
+                   % (i, "s" if i > 1 else "", rs[0]["events"] // 1000, rs[0]["aggregates"],
+                      on(kind), fs,
+                      m, med(rs, "rows_per_s"), each(rs, "%.0f", "rows_per_s"), ratio,
+                      med(rs, "avg_batch"), cpu + other(rs), tgt, rs[-1]["load"]))
     a, b = one(row="backlog", pending=10000), one(row="backlog", pending=res.get("big_backlog", 1000000))
     if a and b:
         out.append("| 3 | lock one batch: 10k vs %dk pending (median of %d) | off | %.1f ms vs %.1f ms: %.2fx (first lock %.1f vs %.1f ms) | within 2x | %s |"
                    % (b["pending"] // 1000, b["reps"], a["lock_median_ms"], b["lock_median_ms"],
                       b["lock_median_ms"] / a["lock_median_ms"], a["lock_first_ms"],
                       b["lock_first_ms"], b["load"]))
-    for fs in ("off", "on"):
-        r = one(row="latency", fsync=fs)
+    for fs, kind in itertools.product(("off", "on"), ("mock", "apache")):
+        r = one(row="latency", fsync=fs, broker=kind)
         if r:
-            out.append("| 4 | latency at %d/s single-row tx, commit -> ack (published_at) | %s | p50 %.1f ms, p99 %.1f ms (histogram p50 %.1f / p99 %.1f) | p99 < 50 ms | %s |"
-                       % (r["offered_per_s"], fs, r["p50_ms"], r["p99_ms"], r["hist_p50_ms"],
-                          r["hist_p99_ms"], r["load"]))
+            out.append("| 4 | latency at %d/s single-row tx, commit -> ack (published_at), %s | %s | p50 %.1f ms, p99 %.1f ms (histogram p50 %.1f / p99 %.1f) | %s | %s |"
+                       % (r["offered_per_s"], on(kind), fs, r["p50_ms"], r["p99_ms"],
+                          r["hist_p50_ms"], r["hist_p99_ms"],
+                          "p99 < 50 ms" if kind == "mock" else "(reported)", r["load"]))
     rs = find(row="relay")
     if rs:
         worst = max(rs, key=lambda r: r["hwm_mib"])
@@ -720,6 +802,10 @@ def main():
                     help="time box of the hot-aggregate run")
     ap.add_argument("--only", default="1,2,3,4,5,6,7,D", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
+    ap.add_argument("--brokers", default="mock,apache",
+                    help="brokers for rows 2 and 4: mock (librdkafka's mock cluster), apache "
+                         "(Apache Kafka, one node; KAFKA_HEAP / KAFKA_JVM_OPTS set its JVM), "
+                         "or both (default); the other rows use the mock")
     ap.add_argument("--repeat", type=int, default=5,
                     help="pairs of (ceiling 2 clients, relay 2 instances) per fsync setting; "
                          "the table gives their medians")
@@ -733,6 +819,9 @@ def main():
     args.out = args.out or os.path.join(args.build, "bench-results",
                                         time.strftime("%Y%m%d-%H%M%S"))
     only = set(args.only.split(","))
+    brokers = [k for k in args.brokers.split(",") if k]
+    if not brokers or set(brokers) - {"mock", "apache"}:
+        ap.error("--brokers takes mock, apache or mock,apache")
     b = Bench(args)
     b.results["big_backlog"] = args.big_backlog
     try:
@@ -742,20 +831,24 @@ def main():
             if "1" in only or "2" in only:
                 b.ceiling(1)
             if "2" in only or "5" in only:
-                b.relay_drain(1)
+                for kind in brokers:
+                    b.relay_drain(1, broker=kind)
             # The targets' pair, 2 clients against 2 instances, alternated
             # --repeat times: on a shared machine one pair can be 20 % off.
+            # Each broker's relay run is compared with the same ceiling run.
             # (Row 5 alone needs one relay run, not a series.)
             for rep in range(args.repeat if "1" in only or "2" in only else 1):
                 if "1" in only or "2" in only:
                     b.ceiling(2, rep=rep)
                 if "2" in only or "5" in only:
-                    b.relay_drain(2, rep=rep)
+                    for kind in brokers:
+                        b.relay_drain(2, rep=rep, broker=kind)
             if not fsync_on and "3" in only:
                 b.backlog(10000)
                 b.backlog(args.big_backlog)
             if "4" in only:
-                b.latency(args.latency_rate, args.latency_seconds)
+                for kind in brokers:
+                    b.latency(args.latency_rate, args.latency_seconds, broker=kind)
             if not fsync_on and "7" in only:
                 for park in (False, True):
                     b.blocked(park)
@@ -782,6 +875,9 @@ def main():
     m = b.results["machine"]
     print("machine: %s, %s cores, %s GiB, kernel %s; relay %s"
           % (m.get("cpu"), m["nproc"], m.get("mem_gib"), m["kernel"], b.relay_bin))
+    if "kafka_version" in b.results:
+        print("Apache Kafka %s, one KRaft node, JVM %s"
+              % (b.results["kafka_version"], b.results["kafka_jvm"]))
     print(table(b.results))
     if "debezium" in b.results:
         d = b.results["debezium"]

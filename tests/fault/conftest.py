@@ -17,6 +17,11 @@ row's history and fails on:
 Kafka is read back with read_topics; check_kafka() compares it with the table
 (G1), checks first-copy order per partition (G2), and allows a duplicate only
 for rows whose audit permits one (G3).
+
+The broker is Apache Kafka (`kafka`: the single-node broker tests/run starts;
+test_cluster.py starts three brokers of its own); librdkafka's mock cluster
+(`own_kafka`, `mock_kafka`) only where a test needs what the real broker cannot
+do on command. Each test module says which it uses and why.
 """
 import collections
 import datetime
@@ -29,7 +34,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
-from fixtures import mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
+from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (by name)
 from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
                      header, read_topics)
 
@@ -38,15 +43,16 @@ DELIVERY_TIMEOUT_MS = 3000
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-@pytest.fixture(scope="module")
-def kafka(mock_kafka):
-    """The module's broker: librdkafka's mock cluster (RTT and errors on command)."""
-    return mock_kafka
+# `kafka` (fixtures.py) is Apache Kafka: tests/run's single-node broker. A test
+# that needs the broker slow or hung pauses it (kafka.paused(): SIGSTOP, then
+# SIGCONT), which every test of the run sees: tests run one at a time.
 
 
 @pytest.fixture
 def own_kafka(tmp_path):
-    """A broker of the test's own, for tests that take brokers down."""
+    """librdkafka's mock cluster, of the test's own: for tests that take every
+    broker down and up on command (connections refused at once) or inject
+    produce errors, which Apache Kafka cannot do on command."""
     with MockBroker(log_dir=str(tmp_path)) as b:
         yield b
 

@@ -6,7 +6,9 @@ aggregate's later versions wait for it; nothing is lost or published out of
 order. The relay's test hook OUTBOX_TEST_LOCK_DELAY_MS (compiled in only with
 -DOUTBOX_TEST_HOOKS=ON, as tests/run builds the binaries it tests) pauses every lock
 statement between its start and its row locks, so the test can change the row
-in that window every time."""
+in that window every time.
+
+Broker: Apache Kafka (tests/run's)."""
 from conftest import check_audit, check_kafka, relay_env, wait_quiet
 from harness import Relay, make_events, wait_until
 
@@ -15,8 +17,7 @@ PAUSED = ("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSlee
 
 
 def test_row_changed_during_the_lock_statement_holds_back_its_successors(
-        db, own_kafka, tmp_path, report):
-    kafka = own_kafka
+        db, kafka, tmp_path, report):
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     rows = make_events(aggregates=1, versions=4, id_prefix="race")

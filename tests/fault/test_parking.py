@@ -3,7 +3,9 @@ their aggregate are due rows that every lock statement would step over, one
 guard probe each, on every batch. The sweeper parks them out of the lock
 scan's range (available_at 'infinity', last_error_code BLOCKED) and makes them
 due again once no DEAD version of their aggregate is below them: requeued, deleted or
-published by hand. Nothing is lost and G2 holds on Kafka through it all."""
+published by hand. Nothing is lost and G2 holds on Kafka through it all.
+
+Broker: Apache Kafka (tests/run's)."""
 import re
 
 import psycopg2
@@ -29,9 +31,7 @@ def sweep(db, tmp_path, name, **extra):
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def test_versions_behind_a_dead_version_are_parked_and_released(db, own_kafka, tmp_path,
-                                                                 report):
-    kafka = own_kafka
+def test_versions_behind_a_dead_version_are_parked_and_released(db, kafka, tmp_path, report):
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     hot = [row("hot", 1, headers_json="[1]")] + [row("hot", v) for v in range(2, 302)]

@@ -1,9 +1,13 @@
 """Scenario 5 (G4): poison rows go DEAD with the right code and stop their
 own aggregate only: a payload over message.max.bytes (MSG_SIZE_TOO_LARGE),
 headers_json that is not an object (INVALID_HEADERS), and a row whose
-retriable failures exhaust OUTBOX_MAX_ATTEMPTS (its last Kafka error)."""
+retriable failures exhaust OUTBOX_MAX_ATTEMPTS (its last Kafka error).
+
+Broker: Apache Kafka (tests/run's), stopped (SIGSTOP) while the tired row
+uses up its attempts. Rejections only the broker makes (a topic's
+max.message.bytes, a missing topic) are in test_broker_rejects.py."""
 from conftest import check_audit, check_kafka, relay_env
-from harness import Relay, make_events, wait_until
+from harness import Relay, header, make_events, wait_until
 
 MAX_ATTEMPTS = 2
 
@@ -15,8 +19,7 @@ def row(agg, v, **kw):
     return r
 
 
-def test_poison_rows_dead_and_isolated(db, own_kafka, tmp_path, report):
-    kafka = own_kafka
+def test_poison_rows_dead_and_isolated(db, kafka, tmp_path, report):
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     poison = [row("big", 1, payload_json={"pad": "x" * 1_100_000}), row("big", 2), row("big", 3),
@@ -30,13 +33,12 @@ def test_poison_rows_dead_and_isolated(db, own_kafka, tmp_path, report):
         wait_until(lambda: db.status_counts()["DEAD"] == 3 and
                    db.status_counts()["PUBLISHED"] == len(healthy), 60,
                    what="3 poison rows DEAD, healthy rows PUBLISHED")
-        # A retriable failure on every attempt: the broker is away while the
+        # A retriable failure on every attempt: the broker hangs while the
         # row is tried MAX_ATTEMPTS times.
-        kafka.down()
-        db.insert_events([row("tired", 1), row("tired", 2)])
-        wait_until(lambda: db.count("aggregate_id = 'tired' AND status = 'DEAD'") == 1, 60,
-                   what="the row out of attempts DEAD")
-        kafka.up()
+        with kafka.paused():
+            db.insert_events([row("tired", 1), row("tired", 2)])
+            wait_until(lambda: db.count("aggregate_id = 'tired' AND status = 'DEAD'") == 1, 60,
+                       what="the row out of attempts DEAD")
         # Everything else keeps flowing: later versions of healthy aggregates and
         # new aggregates, inserted after the deaths.
         more = make_events(aggregates=30, versions=5, id_prefix="ok")[len(healthy):]
@@ -75,15 +77,21 @@ def test_poison_rows_dead_and_isolated(db, own_kafka, tmp_path, report):
     kc, problems = check_kafka(kafka, [topic], table,
                                dup_allowed={o for o, n in audit.locks.items() if n > 1})
     assert not problems, problems
-    poisoned_keys = {m["key"] for m in kc.msgs} & {"big", "hdr", "hdr2", "tired"}
-    assert not poisoned_keys, poisoned_keys
-    assert len(kc.ids) == len(others)
+    on_kafka = {(m["key"], header(m, "aggregate-version")) for m in kc.msgs
+                if m["key"] in ("big", "hdr", "hdr2", "tired")}
+    # A request that timed out may still have been written: the hung broker
+    # reads it once it resumes. So tired/1, DEAD after timeouts, may be on
+    # Kafka (at least once); the permanent rejections and every version
+    # behind a DEAD one may not.
+    assert on_kafka <= {("tired", "1")}, on_kafka
+    assert len(kc.ids) == len(others) + len(on_kafka)
     assert "x" * 1000 not in relay.log_text(), "payload in the log"
     report("DEAD: big/1 %s, hdr/1 %s, hdr2/1 %s (1 attempt each), tired/1 %s after %d "
            "attempts; 5 later versions of those aggregates PENDING, never locked; %d rows of "
-           "%d other aggregates PUBLISHED (incl. %d inserted after the deaths); kafka: %d "
-           "messages, none of the poisoned aggregates, order ok",
+           "%d other aggregates PUBLISHED (incl. %d inserted after the deaths); tired/1 "
+           "written by the broker after its timeouts: %s; kafka: %d "
+           "messages, no version behind a DEAD one, order ok",
            dead[("big", 1)]["last_error_code"], dead[("hdr", 1)]["last_error_code"],
            dead[("hdr2", 1)]["last_error_code"], tired["last_error_code"],
            tired["attempt_count"], len(others), len({r["aggregate_id"] for r in others}),
-           len(more), len(kc.msgs))
+           len(more), bool(on_kafka), len(kc.msgs))

@@ -1,5 +1,7 @@
 """Scenario 8: an operator requeues DEAD rows with tools/outboxctl (after
-fixing what killed them) and their aggregates flow again, in order."""
+fixing what killed them) and their aggregates flow again, in order.
+
+Broker: Apache Kafka (tests/run's)."""
 import os
 import subprocess
 

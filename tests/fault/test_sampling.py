@@ -4,7 +4,9 @@ relay's loop waits for it. A relay keeps it to about 2 % of its time: after a
 sample that took s seconds, the next comes no sooner than 50 s later (10 s
 when it is fast). The test hook OUTBOX_TEST_SAMPLE_DELAY_MS (compiled in only
 with -DOUTBOX_TEST_HOOKS=ON, as tests/run builds the binaries it tests) makes
-every sample as slow as a large backlog would."""
+every sample as slow as a large backlog would.
+
+Broker: Apache Kafka (tests/run's)."""
 import re
 
 from conftest import relay_env, wait_quiet

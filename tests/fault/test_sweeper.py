@@ -2,7 +2,8 @@
 OUTBOX_DELETE_BATCH rows, deletes only PUBLISHED rows past retention and
 touches nothing else; two sweepers at once split the work without errors,
 deleting and resetting each row exactly once. Also: --once and loop mode,
-metrics, clean SIGTERM, exit 2 on bad configuration."""
+metrics, clean SIGTERM, exit 2 on bad configuration. No broker: the sweeper
+never talks to Kafka."""
 import re
 import signal
 import time

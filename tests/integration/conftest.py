@@ -1,5 +1,6 @@
 """Shared fixtures for integration tests: one PostgreSQL server (tests/run's,
-or a private one) and one local Kafka-protocol broker per module; a private
+or a private one), Apache Kafka (tests/run's broker, or a private one; the mock
+cluster as mock_kafka where a test needs brokers down on command); a private
 schema and topic prefix per test."""
 import os
 import sys

@@ -28,6 +28,7 @@ ASAN_OPTIONS / UBSAN_OPTIONS / LSAN_OPTIONS (passed to spawned daemons).
 """
 
 import collections
+import contextlib
 import glob
 import os
 import re
@@ -400,14 +401,18 @@ import kafka_admin  # noqa: E402  (deploy/local/kafka_admin.py)
 
 
 class KafkaCluster:
-    """Apache Kafka started by deploy/local/kafka: KafkaCluster(nodes=1|3, sasl=False).
+    """Apache Kafka started by deploy/local/kafka: KafkaCluster(nodes=1|3, sasl=False,
+    controller=False, settings=None).
 
     .bootstrap (plaintext listeners), .dir; with sasl, .sasl_bootstrap, .sasl_user,
-    .sasl_password and .ca_path. create_topic() makes a topic with the partitions,
+    .sasl_password and .ca_path. controller=True runs the nodes as brokers beside
+    a dedicated KRaft controller (node 0), so brokers can go down without the
+    metadata quorum; settings {"auto.create.topics.enable": "false"} go into every
+    broker's configuration. create_topic() makes a topic with the partitions,
     replication and configs asked for. Node control for fault tests: pid(n),
     kill(n) (SIGKILL), stop_node(n) (SIGTERM), pause(n)/resume(n)
-    (SIGSTOP/SIGCONT), start_node(n), leaders(topic). Context manager: stop()
-    deletes everything it started.
+    (SIGSTOP/SIGCONT), paused(n) (a context manager), start_node(n),
+    leaders(topic). Context manager: stop() deletes everything it started.
 
     KafkaCluster.shared() returns the single-node broker tests/run started
     ($OUTBOX_TEST_KAFKA_DIR), else starts one; stop() leaves a shared one running.
@@ -415,13 +420,17 @@ class KafkaCluster:
 
     SCRIPT = os.path.join(repo_root(), "deploy", "local", "kafka")
 
-    def __init__(self, nodes=1, sasl=False, dir=None, timeout=180):
+    def __init__(self, nodes=1, sasl=False, dir=None, timeout=180, controller=False,
+                 settings=None):
         self.nodes = nodes
         self.owned = dir is None
         self.dir = dir or _tmpdir("outbox-kafka-")
         if self.owned:
             shutil.rmtree(self.dir)  # the script makes it
             args = [self.SCRIPT, "start", self.dir, str(nodes)] + (["--sasl"] if sasl else [])
+            args += ["--controller"] if controller else []
+            for k, v in (settings or {}).items():
+                args += ["--set", "%s=%s" % (k, v)]
             r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                timeout=timeout)
             if r.returncode != 0:
@@ -492,6 +501,16 @@ class KafkaCluster:
 
     def resume(self, n):
         os.kill(self.pid(n), signal.SIGCONT)
+
+    @contextlib.contextmanager
+    def paused(self, n=1):
+        """SIGSTOP node n for the with-block (SIGCONT on the way out, also on
+        failure): a hung broker, its connections open and silent."""
+        self.pause(n)
+        try:
+            yield
+        finally:
+            self.resume(n)
 
     def start_node(self, n):
         """Starts node n again, on its ports and data."""

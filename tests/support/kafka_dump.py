@@ -34,8 +34,9 @@ from kafka import KafkaConsumer, TopicPartition
 API_VERSION = (2, 5, 0)
 
 
-def _consumer(bootstrap, timeout_s):
+def _consumer(bootstrap, timeout_s, security=None):
     return KafkaConsumer(
+        **(security or {}),
         bootstrap_servers=bootstrap.split(","),
         group_id=None,
         enable_auto_commit=False,
@@ -93,18 +94,21 @@ def _partitions(consumer, topic, deadline):
         time.sleep(0.05)
 
 
-def read_topics(bootstrap, topics=None, pattern=None, timeout_s=30.0):
+def read_topics(bootstrap, topics=None, pattern=None, timeout_s=30.0, security=None):
     """Returns every message of the topics, from offset 0 (or the log start)
     to the high watermark read at the start, as dicts sorted by (topic,
     partition, offset). topics: list of names; pattern: regex applied with
     re.search to the cluster's topic list; neither: all topics except
     internal ones (names starting with '__'). A named topic
     that does not exist yields no messages. Raises TimeoutError if the data
-    up to the watermarks could not be read within timeout_s."""
+    up to the watermarks could not be read within timeout_s. security:
+    kafka-python settings for a secured listener, e.g. {"security_protocol":
+    "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": ...,
+    "sasl_plain_password": ..., "ssl_cafile": ...}."""
     if topics and pattern:
         raise ValueError("give topics or pattern, not both")
     deadline = time.monotonic() + timeout_s
-    consumer = _consumer(bootstrap, timeout_s)
+    consumer = _consumer(bootstrap, timeout_s, security)
     try:
         if topics:
             names = sorted(set(topics))
