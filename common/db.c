@@ -354,7 +354,7 @@ static void on_notice(void *arg, const PGresult *res) {
         text[strcspn(text, "\n")] = '\0';
         if (sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0))
                 db->closing = 1;
-        log_warn("db", "server message", "msg=%s", log_quote(text));
+        log_warn("db", "server message", "text=%s", text);
 }
 
 int db_connect(struct db *db, char *errstr, size_t errstr_size) {

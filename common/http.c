@@ -222,7 +222,7 @@ static void serve(struct http *h, int fd) {
         }
         *target++ = '\0';
         target[strcspn(target, " ?#")] = '\0';
-        log_debug("http", "request", "method=%s path=%s", log_quote(method), log_quote(target));
+        log_debug("http", "request", "method=%s path=%s", method, target);
 
         if (strcmp(method, "GET") != 0) {
                 (void)respond_text(fd, 405, "method not allowed\n");
@@ -268,8 +268,7 @@ static void *http_thread(void *arg) {
                                 continue;
                         if (now_ms() - last_warn > 10000) {
                                 last_warn = now_ms();
-                                log_warn("http", "accept failed", "err=%s",
-                                         log_quote(strerror(errno)));
+                                log_warn("http", "accept failed", "err=%s", strerror(errno));
                         }
                         struct timespec pause = {0, HTTP_POLL_MS * 1000000L};
                         nanosleep(&pause, NULL); /* e.g. EMFILE: do not spin */

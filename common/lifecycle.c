@@ -33,7 +33,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
         log_setup(c == 0 ? (enum log_level)lc->cfg.log_level : LOG_INFO,
                   c == 0 && lc->cfg.log_format_json);
         if (c != 0 || (check && check(&lc->cfg, err, sizeof err) != 0)) {
-                log_error("config", "bad configuration", "err=%s", log_quote(err));
+                log_error("config", "bad configuration", "err=%s", err);
                 return 2;
         }
 
@@ -54,12 +54,12 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                 lc->http = http_start(lc->cfg.http_addr, err, sizeof err);
                 if (!lc->http) {
                         log_error("http", "cannot listen", "addr=%s err=%s", lc->cfg.http_addr,
-                                  log_quote(err));
+                                  err);
                         return 1;
                 }
         }
         config_redact_url(lc->cfg.database_url, url, sizeof url);
-        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, log_quote(url),
+        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, url,
                  lc->cfg.http_addr);
         return -1;
 }
@@ -98,8 +98,7 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                 *backoff_ms = LIFECYCLE_RECONNECT_MIN_MS;
                 return 0;
         }
-        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", *backoff_ms,
-                 log_quote(err));
+        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s", *backoff_ms, err);
         if (http)
                 http_set_ready(http, 0);
         lifecycle_backoff(http, backoff_ms, stop);

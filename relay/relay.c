@@ -283,14 +283,14 @@ static int await_reports(struct relay *r, int wave) {
                 snprintf(err, sizeof err, "%d delivery reports missing after a purge",
                          kafka_outstanding(r->kafka));
         }
-        log_error("kafka", "rebuilding the producer", "reason=%s", log_quote(err));
+        log_error("kafka", "rebuilding the producer", "reason=%s", err);
         for (size_t i = 0; i < r->batch.count; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].ok)
                         row_fail(&r->rows[i], 0, "_FATAL", err);
         kafka_destroy(r->kafka);
         r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
         if (!r->kafka) {
-                log_error("kafka", "cannot rebuild the producer", "reason=%s", log_quote(err));
+                log_error("kafka", "cannot rebuild the producer", "reason=%s", err);
                 return -1;
         }
         return 0;
@@ -338,8 +338,7 @@ static size_t build_outcomes(struct relay *r, double acked_at) {
                         }
                         metrics_add(M_EVENTS_DEAD, st->code, 1);
                         log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s",
-                                 ev->outbox_id, st->topic ? st->topic : "-", st->code,
-                                 log_quote(st->message));
+                                 ev->outbox_id, st->topic ? st->topic : "-", st->code, st->message);
                         dead++;
                 } else {
                         o->status = DB_FAILED;
@@ -395,7 +394,7 @@ static int mark_batch(struct relay *r, size_t n, volatile sig_atomic_t *stop) {
                 if (db_connected(r->db)) {
                         /* connected but failing: wait like a reconnect would */
                         log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
-                                 r->reconnect_ms, log_quote(err));
+                                 r->reconnect_ms, err);
                         lifecycle_backoff(r->http, &r->reconnect_ms, stop);
                 }
                 if (*stop && stop_grace_over(r)) {
@@ -413,7 +412,7 @@ static void sample_table(struct relay *r) {
                 return;
         r->next_sample = t + SAMPLE_INTERVAL_S;
         if (db_sample(r->db, counts, &age, err, sizeof err) != 0) {
-                log_warn("db", "sampling the table failed", "err=%s", log_quote(err));
+                log_warn("db", "sampling the table failed", "err=%s", err);
                 return;
         }
         double took = clock_mono_s() - t;
@@ -498,8 +497,7 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
                 if (db_lock_more(r->db, r->cfg->batch_size - (int)r->batch.count,
                                  r->cfg->ordering == ORDERING_AGGREGATE, &r->batch, err,
                                  sizeof err) != 0)
-                        log_warn("db", "filling up a batch locked ahead failed", "err=%s",
-                                 log_quote(err));
+                        log_warn("db", "filling up a batch locked ahead failed", "err=%s", err);
         }
         return 1;
 }
@@ -508,7 +506,7 @@ static int take_next(struct relay *r, volatile sig_atomic_t *stop) {
 static void receive_next(struct relay *r, double sent) {
         char err[512];
         if (db_lock_receive(r->db, &r->next, err, sizeof err) != 0) {
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                log_warn("db", "locking the next batch ahead failed", "err=%s", err);
                 return;
         }
         if (r->next.count == 0)
@@ -529,7 +527,7 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
                         return 0; /* releasing the batch locked ahead took the stop request */
                 if (db_lock_batch(r->db, r->cfg->batch_size, ordering, &r->batch, err,
                                   sizeof err) != 0) {
-                        log_warn("db", "lock batch failed", "err=%s", log_quote(err));
+                        log_warn("db", "lock batch failed", "err=%s", err);
                         return -1;
                 }
         }
@@ -539,7 +537,7 @@ static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
         double ahead_sent = clock_mono_s();
         if (!*stop && ahead_sent >= r->ahead_after &&
             db_lock_send(r->db, r->cfg->batch_size, ordering, 0, err, sizeof err) != 0)
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                log_warn("db", "locking the next batch ahead failed", "err=%s", err);
         int waves = assign_waves(r);
         int rc = 0;
         for (int w = 0; w < waves; w++) {
@@ -579,7 +577,7 @@ static int take_back_own(struct relay *r) {
         char err[512];
         long long n;
         if (db_take_back_own(r->db, r->cfg->max_attempts, &n, err, sizeof err) != 0) {
-                log_warn("db", "taking back own locks failed", "err=%s", log_quote(err));
+                log_warn("db", "taking back own locks failed", "err=%s", err);
                 return -1;
         }
         r->seen_connects = db_connects(r->db);
