@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "config.h"
+#include "db_conninfo.h"
 #include "encode.h"
 #include "errstr.h"
 #include "log.h"
@@ -376,6 +377,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 return errstr_set(errstr, errstr_size, "out of memory");
         if (PQstatus(db->conn) != CONNECTION_OK) {
                 errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
+                db_conninfo_scrub(db->url, errstr); /* should libpq ever quote a secret */
                 goto out;
         }
         PQsetNoticeReceiver(db->conn, on_notice, db);

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "db_conninfo.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -58,7 +59,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                         return 1;
                 }
         }
-        config_redact_url(lc->cfg.database_url, url, sizeof url);
+        db_conninfo_redact(lc->cfg.database_url, url, sizeof url);
         log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, url,
                  lc->cfg.http_addr);
         return -1;

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "clock.h"
-#include "config.h"
 #include "encode.h"
 
 #define BUCKETS  256
@@ -39,6 +38,22 @@ static uint64_t fnv1a(const char *s) {
         return h;
 }
 
+/* url with its password replaced by ****, through libcurl's own URL parser
+ * (what the requests use); "(not a URL)" when it cannot parse it. */
+static void redact_url(const char *url, char *out, size_t size) {
+        CURLU *u = curl_url();
+        char *pw = NULL, *shown = NULL;
+        if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK) {
+                if (curl_url_get(u, CURLUPART_PASSWORD, &pw, 0) != CURLUE_OK ||
+                    curl_url_set(u, CURLUPART_PASSWORD, "****", 0) == CURLUE_OK)
+                        (void)curl_url_get(u, CURLUPART_URL, &shown, 0);
+        }
+        snprintf(out, size, "%s", shown ? shown : "(not a URL)");
+        curl_free(pw);
+        curl_free(shown);
+        curl_url_cleanup(u);
+}
+
 struct registry *registry_new(const char *url, char *errstr, size_t errstr_size) {
         if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) {
                 snprintf(errstr, errstr_size,
@@ -57,7 +72,7 @@ struct registry *registry_new(const char *url, char *errstr, size_t errstr_size)
         size_t n = strlen(reg->url);
         while (n > 0 && reg->url[n - 1] == '/')
                 reg->url[--n] = '\0';
-        config_redact_url(reg->url, reg->redacted, sizeof reg->redacted);
+        redact_url(reg->url, reg->redacted, sizeof reg->redacted);
         reg->curl = curl_easy_init();
         reg->headers =
                 curl_slist_append(NULL, "Content-Type: application/vnd.schemaregistry.v1+json");
