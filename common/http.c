@@ -1,6 +1,8 @@
 /* http.c - /metrics, /healthz and /readyz served by libmicrohttpd on its own
- * internal thread (epoll where available), every connection at once: an
- * idle, slow or half-sent request does not delay anyone else's.
+ * internal thread, every connection at once: an idle, slow or half-sent
+ * request does not delay anyone else's. The thread waits in poll(2), level
+ * triggered: in 0.9.75's epoll mode (edge triggered) a client that sent part
+ * of a request and closed its side was noticed only at the idle timeout.
  *
  * Limits, so that no client can starve the probes: an idle connection (no
  * byte either way) is closed after HTTP_IDLE_TIMEOUT_S; one peer address
@@ -197,7 +199,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 /* MHD's own messages (a client that sent garbage, a reset connection):
  * debug level, since any peer can cause them. */
-static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+__attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt,
+                                                             va_list ap) {
         (void)cls;
         if (!log_enabled(LOG_DEBUG))
                 return;
@@ -250,7 +253,7 @@ struct http *http_start(const char *addr, char *errstr, size_t errstr_size) {
                 goto fail;
         }
         h->daemon = MHD_start_daemon(
-                MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
+                MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
                 MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->fd, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
                 NULL, MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                 limit / 2, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_TIMEOUT_S,
