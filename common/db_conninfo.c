@@ -102,10 +102,10 @@ static int count_elems(const char *v) {
         return n;
 }
 
-/* Each element of a comma-separated list of ports: empty (the default) or
- * an integer 1..65535, as libpq checks when it connects to that host. */
-static int ports_ok(const char *v) {
-        char one[64];
+/* 1 when every non-empty element of the comma-separated list v passes ok()
+ * (an empty element is the default); an element of 256 bytes or more fails. */
+static int each_elem(const char *v, int (*ok)(const char *one)) {
+        char one[256];
         while (v) {
                 const char *comma = strchr(v, ',');
                 size_t n = comma ? (size_t)(comma - v) : strlen(v);
@@ -113,35 +113,28 @@ static int ports_ok(const char *v) {
                         return 0;
                 memcpy(one, v, n);
                 one[n] = '\0';
-                if (n && (!is_int(one) || atoi(one) < 1 || atoi(one) > 65535))
+                if (n && !ok(one))
                         return 0;
                 v = comma ? comma + 1 : NULL;
         }
         return 1;
 }
 
-/* Each non-empty element of hostaddr is a numeric address (libpq resolves
- * it with AI_NUMERICHOST, so no name lookup happens here either). */
-static int hostaddrs_ok(const char *v) {
-        char one[INET6_ADDRSTRLEN + 64];
-        while (v) {
-                const char *comma = strchr(v, ',');
-                size_t n = comma ? (size_t)(comma - v) : strlen(v);
-                if (n >= sizeof one)
-                        return 0;
-                memcpy(one, v, n);
-                one[n] = '\0';
-                if (n) {
-                        struct addrinfo hints, *res = NULL;
-                        memset(&hints, 0, sizeof hints);
-                        hints.ai_flags = AI_NUMERICHOST;
-                        hints.ai_socktype = SOCK_STREAM;
-                        if (getaddrinfo(one, NULL, &hints, &res) != 0)
-                                return 0;
-                        freeaddrinfo(res);
-                }
-                v = comma ? comma + 1 : NULL;
-        }
+/* A port, as libpq checks it when it connects to that host. */
+static int port_ok(const char *one) {
+        return is_int(one) && atoi(one) >= 1 && atoi(one) <= 65535;
+}
+
+/* A numeric address: libpq resolves hostaddr with AI_NUMERICHOST, so no name
+ * lookup happens here either. */
+static int hostaddr_ok(const char *one) {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_flags = AI_NUMERICHOST;
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(one, NULL, &hints, &res) != 0)
+                return 0;
+        freeaddrinfo(res);
         return 1;
 }
 
@@ -205,7 +198,7 @@ static int check_values(const PQconninfoOption *opts, char *errstr, size_t size)
         const char *host = value_of(opts, "host", 1);
         const char *hostaddr = value_of(opts, "hostaddr", 1);
         const char *port = value_of(opts, "port", 1);
-        if (hostaddr && !hostaddrs_ok(hostaddr))
+        if (hostaddr && !each_elem(hostaddr, hostaddr_ok))
                 return errstr_set(errstr, size, "hostaddr: not a numeric IP address");
         int hosts = host ? count_elems(host) : 1;
         if (host && hostaddr && count_elems(hostaddr) != hosts)
@@ -213,7 +206,7 @@ static int check_values(const PQconninfoOption *opts, char *errstr, size_t size)
                                   count_elems(hostaddr));
         if (!host && hostaddr)
                 hosts = count_elems(hostaddr);
-        if (port && !ports_ok(port))
+        if (port && !each_elem(port, port_ok))
                 return errstr_set(errstr, size, "port: not a port number (1-65535)");
         if (port && count_elems(port) != 1 && count_elems(port) != hosts)
                 return errstr_set(errstr, size, "%d port numbers for %d hosts", count_elems(port),
