@@ -248,6 +248,11 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
         int lineno = 0, rc = 0;
         while (fgets(line, sizeof line, f)) {
                 lineno++;
+                if (!strchr(line, '\n') && !feof(f)) {
+                        rc = errstr_set(errstr, size, "--config: %s line %d: longer than %zu bytes",
+                                        path, lineno, sizeof line - 2);
+                        break;
+                }
                 char *s = trim(line);
                 if (!*s || *s == '#')
                         continue;

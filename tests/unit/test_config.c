@@ -148,6 +148,23 @@ Test(config, database_url_checked_by_libpq) {
         cr_expect_eq(load(1, argv), 0, "%s", err);
 }
 
+/* A line longer than the reader's buffer is an error, not cut into two. */
+Test(config, file_line_too_long) {
+        char path[] = "/tmp/outbox-config-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        fprintf(f, "topic_template = ");
+        for (int i = 0; i < 5000; i++)
+                fputc('x', f);
+        fprintf(f, "batch_size = 7\n");
+        fclose(f);
+        char *argv[] = {"outbox-relay", "--config", path};
+        cr_expect_eq(load(3, argv), -1);
+        unlink(path);
+        cr_expect_not_null(strstr(err, "line 1: longer than"), "%s", err);
+}
+
 Test(config, avro_registry_and_envelope_fields) {
         setenv("OUTBOX_SERIALIZATION", "avro", 1);
         setenv("OUTBOX_SCHEMA_REGISTRY_URL", "http://registry:8081", 1);
