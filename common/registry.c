@@ -156,6 +156,19 @@ static void json_message(const char *body, char *out, size_t size) {
         out[i] = '\0';
 }
 
+int registry_parse_reply(long status, const char *body, int *id, const char **code, char *msg,
+                         size_t msg_size) {
+        long long v;
+        msg[0] = '\0';
+        if (status == 200 && json_int(body, "id", &v) == 0 && v >= 0 && v <= INT32_MAX) {
+                *id = (int)v;
+                return 0;
+        }
+        json_message(body, msg, msg_size);
+        *code = status >= 500 || status == 429 ? "REGISTRY_UNAVAILABLE" : "REGISTRY_REJECTED";
+        return -1;
+}
+
 /* One POST; 0 with *id, or -1 with *code and errstr. */
 static int lookup(struct registry *reg, const char *subject, const char *schema_json, int *id,
                   const char **code, char *errstr, size_t errstr_size) {
@@ -190,17 +203,12 @@ static int lookup(struct registry *reg, const char *subject, const char *schema_
         }
         long status = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        const char *text = resp.data ? resp.data : "";
-        long long v;
-        if (status == 200 && json_int(text, "id", &v) == 0 && v >= 0 && v <= INT32_MAX) {
-                *id = (int)v;
+        char msg[120];
+        if (registry_parse_reply(status, resp.data ? resp.data : "", id, code, msg, sizeof msg) ==
+            0) {
                 rc = 0;
                 goto done;
         }
-        char msg[120];
-        json_message(text, msg, sizeof msg);
-        if (status < 500 && status != 429)
-                *code = "REGISTRY_REJECTED";
         snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s", reg->redacted,
                  subject, status, *msg ? ": " : "", msg);
 done:
