@@ -2,14 +2,14 @@
  * unit tests and the log writer's fuzz target: a line is well-formed when it
  * is one JSON object of string members (json) or space-separated key=value
  * pairs with bare or quoted values (text), valid UTF-8, without a control
- * character, ending in its only '\n'. Header-only (static functions). */
+ * character, ending in its only '\n'. Header-only (static inline functions). */
 #ifndef OUTBOX_TESTS_LOG_PARSE_H
 #define OUTBOX_TESTS_LOG_PARSE_H
 
 #include <stddef.h>
 #include <string.h>
 
-#define LOG_PARSE_MAX_FIELDS 32
+#define LOG_PARSE_MAX_FIELDS 48
 #define LOG_PARSE_KEY_MAX    80
 #define LOG_PARSE_VALUE_MAX  8192
 
@@ -21,7 +21,7 @@ struct log_parsed {
 };
 
 /* Length of the valid UTF-8 character at s (n bytes left), 0 if invalid. */
-static size_t lp_utf8(const unsigned char *s, size_t n) {
+static inline size_t lp_utf8(const unsigned char *s, size_t n) {
         size_t len;
         unsigned v, min;
         if (s[0] < 0x80)
@@ -44,12 +44,12 @@ static size_t lp_utf8(const unsigned char *s, size_t n) {
         return v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF) ? 0 : len;
 }
 
-static int lp_hex(char c) {
+static inline int lp_hex(char c) {
         return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
 /* Appends code point cp as UTF-8 to out (len *o, capacity cap). */
-static void lp_put_cp(char *out, size_t cap, size_t *o, unsigned cp) {
+static inline void lp_put_cp(char *out, size_t cap, size_t *o, unsigned cp) {
         char b[4];
         size_t n;
         if (cp < 0x80)
@@ -64,7 +64,7 @@ static void lp_put_cp(char *out, size_t cap, size_t *o, unsigned cp) {
 }
 
 /* Reads a quoted string at *p (end e), unescaping into out. 0 on success. */
-static int lp_quoted(const char **p, const char *e, char *out, size_t cap, size_t *olen) {
+static inline int lp_quoted(const char **p, const char *e, char *out, size_t cap, size_t *olen) {
         const char *s = *p;
         size_t o = 0;
         if (s >= e || *s++ != '"')
@@ -120,13 +120,13 @@ static int lp_quoted(const char **p, const char *e, char *out, size_t cap, size_
         return 0;
 }
 
-static int lp_key_char(char c) {
+static inline int lp_key_char(char c) {
         return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                c == '_' || c == '.' || c == '-';
 }
 
 /* 0 when line (n bytes) is one well-formed line; fills *out. */
-static int log_parse_line(const char *line, size_t n, int json, struct log_parsed *out) {
+static inline int log_parse_line(const char *line, size_t n, int json, struct log_parsed *out) {
         out->n = 0;
         if (n == 0 || line[n - 1] != '\n' || memchr(line, '\n', n - 1))
                 return -1;
@@ -189,7 +189,7 @@ static int log_parse_line(const char *line, size_t n, int json, struct log_parse
 }
 
 /* The index of key k in *lp, or -1. */
-static int log_parsed_find(const struct log_parsed *lp, const char *k) {
+static inline int log_parsed_find(const struct log_parsed *lp, const char *k) {
         for (size_t i = 0; i < lp->n; i++)
                 if (!strcmp(lp->key[i], k))
                         return (int)i;
