@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "db_conninfo.h"
 #include "encode.h"
 #include "errstr.h"
 #include "log.h"
@@ -171,78 +172,6 @@ int config_check_identifier(const char *table) {
         return part == 0 ? -1 : 0;
 }
 
-/* Replaces the value of every `password = value` keyword (libpq's key/value
- * form, spaces allowed around '=', value bare or 'quoted' with \\ escapes) or
- * `password=value` query parameter in s with ****. Rewrites into a copy so a
- * short value never stays visible for want of room. */
-static void redact_password_keyword(char *s, size_t size) {
-        char *copy = strdup(s);
-        if (!copy) {
-                snprintf(s, size, "(redacted)");
-                return;
-        }
-        size_t o = 0;
-        const char *p = copy;
-        while (*p && o + 1 < size) {
-                const char *k = p;
-                int at_start = k == copy || k[-1] == ' ' || k[-1] == '?' || k[-1] == '&';
-                if (at_start && !strncmp(k, "password", 8)) {
-                        const char *v = k + 8;
-                        while (*v == ' ')
-                                v++;
-                        if (*v == '=') {
-                                v++;
-                                while (*v == ' ')
-                                        v++;
-                                const char *e = v;
-                                if (*e == '\'') {
-                                        for (e++; *e && *e != '\''; e++)
-                                                if (*e == '\\' && e[1])
-                                                        e++;
-                                        if (*e)
-                                                e++;
-                                } else {
-                                        e += strcspn(e, " &");
-                                }
-                                o += (size_t)snprintf(s + o, size - o, "%.*s****", (int)(v - k), k);
-                                if (o >= size)
-                                        o = size - 1;
-                                p = e;
-                                continue;
-                        }
-                }
-                s[o++] = *p++;
-        }
-        s[o] = '\0';
-        free(copy);
-}
-
-void config_redact_url(const char *url, char *out, size_t out_size) {
-        if (!url) {
-                snprintf(out, out_size, "(unset)");
-                return;
-        }
-        const char *scheme = strstr(url, "://");
-        if (scheme) {
-                const char *auth = scheme + 3;
-                const char *end = auth + strcspn(auth, "/?");
-                const char *at = NULL;
-                for (const char *p = auth; p < end; p++)
-                        if (*p == '@')
-                                at = p;
-                const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-                if (colon) {
-                        snprintf(out, out_size, "%.*s****%s", (int)(colon + 1 - url), url, at);
-                } else {
-                        snprintf(out, out_size, "%s", url);
-                }
-                /* a password=... in the query string too */
-        } else {
-                snprintf(out, out_size, "%s", url);
-        }
-        redact_password_keyword(out, out_size);
-}
-
 static void print_help(FILE *out, enum config_program prog) {
         fprintf(out,
                 "usage: %s [--config FILE] [--NAME VALUE ...] [-X kafka.property=value ...]%s\n"
@@ -351,6 +280,11 @@ static int read_file(struct config *cfg, int *kranks, struct source *src, const 
         int lineno = 0, rc = 0;
         while (fgets(line, sizeof line, f)) {
                 lineno++;
+                if (!strchr(line, '\n') && !feof(f)) {
+                        rc = errstr_set(errstr, size, "--config: %s line %d: longer than %zu bytes",
+                                        path, lineno, sizeof line - 2);
+                        break;
+                }
                 char *s = trim(line);
                 if (!*s || *s == '#')
                         continue;
@@ -506,6 +440,9 @@ static int apply(struct config *cfg, const struct opt *o, const struct source *s
 static int validate(struct config *cfg, enum config_program prog, char *errstr, size_t size) {
         if (!cfg->database_url || !*cfg->database_url)
                 return errstr_set(errstr, size, "OUTBOX_DATABASE_URL: required but not set");
+        char why[300];
+        if (db_conninfo_check(cfg->database_url, why, sizeof why) != 0)
+                return errstr_set(errstr, size, "OUTBOX_DATABASE_URL: %s", why);
         if (config_check_identifier(cfg->table) != 0)
                 return errstr_set(errstr, size,
                                   "OUTBOX_TABLE: '%s' is not an identifier or schema.identifier "
@@ -552,7 +489,6 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                                           "OUTBOX_SCHEMA_REGISTRY_URL: must start with http:// or "
                                           "https://");
                 struct encode_fields fields;
-                char why[300];
                 if (encode_fields_parse(cfg->envelope_fields, &fields, why, sizeof why) != 0)
                         return errstr_set(errstr, size, "OUTBOX_ENVELOPE_FIELDS: %s", why);
                 if (fields.n && cfg->value_format == VALUE_PAYLOAD)

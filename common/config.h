@@ -86,8 +86,4 @@ int config_check_identifier(const char *table);
  * the caller frees, or NULL on allocation failure. */
 char *config_kafka_property(const char *suffix);
 
-/* Writes `url` with any password replaced by "****" into out (URI userinfo or
- * keyword/value `password=`). */
-void config_redact_url(const char *url, char *out, size_t out_size);
-
 #endif

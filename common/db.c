@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "db_conninfo.h"
 #include "db_internal.h"
 #include "encode.h"
 #include "errstr.h"
@@ -167,7 +168,7 @@ static void on_notice(void *arg, const PGresult *res) {
         text[strcspn(text, "\n")] = '\0';
         if (sev && (strcmp(sev, "FATAL") == 0 || strcmp(sev, "PANIC") == 0))
                 db->closing = 1;
-        log_warn("db", "server message", "msg=%s", log_quote(text));
+        log_warn("db", "server message", "text=%s", text);
 }
 
 /* Resolves OUTBOX_TABLE to its quoted name and NOTIFY channel, as the trigger
@@ -245,6 +246,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 return errstr_set(errstr, errstr_size, "out of memory");
         if (PQstatus(db->conn) != CONNECTION_OK) {
                 errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
+                db_conninfo_scrub(db->url, errstr); /* should libpq ever quote a secret */
                 goto out;
         }
         PQsetNoticeReceiver(db->conn, on_notice, db);

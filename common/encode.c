@@ -450,7 +450,9 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
                 {"schema-id", schema_id, 0},
         };
         const size_t nfixed = sizeof fixed / sizeof fixed[0];
-        int n = 0;
+        _Static_assert(sizeof fixed / sizeof fixed[0] == ENCODE_FIXED_HEADERS,
+                       "ENCODE_FIXED_HEADERS");
+        int n = 0, members = 0;
         for (size_t i = 0; i < nfixed; i++) {
                 if (!fixed[i].value)
                         continue;
@@ -466,9 +468,10 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
                         snprintf(errstr, errstr_size, "headers_json could not be decoded");
                         return -1;
                 }
-                if (n >= ENCODE_MAX_HEADERS) {
-                        snprintf(errstr, errstr_size, "headers_json has more than %d members",
-                                 ENCODE_MAX_HEADERS - (int)nfixed);
+                if (++members > ENCODE_MAX_HEADER_MEMBERS) {
+                        snprintf(errstr, errstr_size,
+                                 "headers_json has more than %d members (the limit)",
+                                 ENCODE_MAX_HEADER_MEMBERS);
                         return -1;
                 }
                 /* The name must be NUL-terminated for librdkafka: copy it. */

@@ -1,21 +1,32 @@
-/* http.c - HTTP/1.0 for /metrics, /healthz and /readyz on one background
- * thread: one connection at a time, GET only, Connection: close. */
+/* http.c - /metrics, /healthz and /readyz served by libmicrohttpd on its own
+ * internal thread, every connection at once: an idle, slow or half-sent
+ * request does not delay anyone else's. The thread waits in poll(2), level
+ * triggered: in 0.9.75's epoll mode (edge triggered) a client that sent part
+ * of a request and closed its side was noticed only at the idle timeout.
+ *
+ * Limits, so that no client can starve the probes: an idle connection (no
+ * byte either way) is closed after HTTP_IDLE_TIMEOUT_S; one peer address
+ * holds at most half of the connections the server takes, so a scanner, a
+ * stuck scraper or a slow-loris client leaves room for the kubelet and
+ * Prometheus; the total stays within half the process's file descriptor
+ * limit, so a flood cannot take the sockets the database and the brokers
+ * need; a request's line and headers may take HTTP_MEMORY_LIMIT bytes. */
 #include "http.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -23,17 +34,18 @@
 #include "log.h"
 #include "metrics.h"
 
-#define HTTP_POLL_MS         200  /* how often the thread looks at the stop flag */
-#define HTTP_IO_TIMEOUT_MS   2000 /* reading the whole request */
-#define HTTP_SEND_TIMEOUT_MS 5000 /* writing the whole response */
-#define HTTP_REQUEST_MAX     4096 /* request line and headers we read */
+#define HTTP_IDLE_TIMEOUT_S  2
+#define HTTP_MAX_CONNECTIONS 1024
+#define HTTP_MEMORY_LIMIT    (16 * 1024)
+#define HTTP_LISTEN_BACKLOG  256
 #define HTTP_DEFAULT_STALL_S 60
+#define TEXT_PLAIN           "text/plain; charset=utf-8"
+#define PROMETHEUS_TEXT      "text/plain; version=0.0.4; charset=utf-8"
 
 struct http {
-        int fd;
+        struct MHD_Daemon *daemon;
+        int fd; /* the listening socket; MHD closes it when it stops */
         int port;
-        pthread_t thread;
-        atomic_int stop;
         atomic_int ready;
         atomic_int stall_s;
         atomic_llong last_beat_ms; /* CLOCK_MONOTONIC */
@@ -43,7 +55,7 @@ static long long now_ms(void) {
         return (long long)(clock_mono_s() * 1000.0);
 }
 
-/* Splits "host:port", "[v6]:port" or ":port" into host (NULL: any address)
+/* Splits "host:port", "[v6]:port" or ":port" into host (empty: any address)
  * and port. 0 on success. */
 static int parse_addr(const char *addr, char *host, size_t host_size, char *port,
                       size_t port_size) {
@@ -69,7 +81,9 @@ static int parse_addr(const char *addr, char *host, size_t host_size, char *port
         return 0;
 }
 
-/* A listening, non-blocking socket on addr, or -1 with errstr. */
+/* A listening, non-blocking socket on addr, or -1 with errstr. The socket is
+ * ours (not MHD's), so "host:port" means what it always meant: a name or an
+ * address of either family, port 0 for any free port. */
 static int listen_on(const char *addr, char *errstr, size_t errstr_size) {
         char host[256], port[8];
         struct addrinfo hints, *res = NULL;
@@ -95,7 +109,8 @@ static int listen_on(const char *addr, char *errstr, size_t errstr_size) {
                 fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
                             ai->ai_protocol);
                 if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-                    bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 16) == 0)
+                    bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+                    listen(fd, HTTP_LISTEN_BACKLOG) == 0)
                         goto out;
                 err = errno;
                 if (fd >= 0)
@@ -110,229 +125,150 @@ out:
         return fd;
 }
 
-/* Sends all of p before `deadline` (now_ms() clock). 0 on success. */
-static int send_all(int fd, const char *p, size_t n, long long deadline) {
-        while (n > 0) {
-                ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-                if (w > 0) {
-                        p += w;
-                        n -= (size_t)w;
-                        continue;
-                }
-                if (w < 0 && errno == EINTR)
-                        continue;
-                long long left = deadline - now_ms();
-                if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && left > 0) {
-                        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-                        if (poll(&pfd, 1, (int)left) >= 0 || errno == EINTR)
-                                continue;
-                }
-                return -1;
+/* Queues `body` (copied, or taken over and freed by MHD with `owned`) as the
+ * answer, in the HTTP version the client spoke, and closes the connection
+ * after it: a probe or a scrape is one request. */
+static enum MHD_Result answer(struct MHD_Connection *c, const char *version, unsigned status,
+                              const char *content_type, char *body, size_t len, int owned) {
+        struct MHD_Response *r = MHD_create_response_from_buffer(
+                len, body, owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
+        if (!r) {
+                if (owned)
+                        free(body);
+                return MHD_NO; /* MHD closes the connection */
         }
-        return 0;
-}
-
-static int respond(int fd, int status, const char *content_type, const char *body,
-                   size_t body_len) {
-        const char *reason = status == 200   ? "OK"
-                             : status == 400 ? "Bad Request"
-                             : status == 404 ? "Not Found"
-                             : status == 405 ? "Method Not Allowed"
-                             : status == 503 ? "Service Unavailable"
-                                             : "Internal Server Error";
-        char head[512];
-        int n = snprintf(head, sizeof head,
-                         "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
-                         "Connection: close\r\n\r\n",
-                         status, reason, content_type, body_len,
-                         status == 405 ? "Allow: GET\r\n" : "");
-        if (n < 0 || (size_t)n >= sizeof head)
-                return -1;
-        long long deadline = now_ms() + HTTP_SEND_TIMEOUT_MS;
-        if (send_all(fd, head, (size_t)n, deadline) != 0)
-                return -1;
-        return send_all(fd, body, body_len, deadline);
-}
-
-static int respond_text(int fd, int status, const char *body) {
-        return respond(fd, status, "text/plain; charset=utf-8", body, strlen(body));
-}
-
-/* Reads until the end of the headers (or, for a request line without a
- * version, its end), the buffer is full, the peer closes, 2 s pass or the
- * server stops. Returns bytes read (buf NUL-terminated), -1 on timeout/error. */
-static int read_request(struct http *h, int fd, char *buf, size_t size) {
-        long long deadline = now_ms() + HTTP_IO_TIMEOUT_MS;
-        size_t len = 0;
-        buf[0] = '\0';
-        while (len + 1 < size) {
-                char *eol = strchr(buf, '\n');
-                if (eol) {
-                        *eol = '\0';
-                        int versioned = strstr(buf, " HTTP/") != NULL;
-                        *eol = '\n';
-                        if (!versioned || strstr(buf, "\r\n\r\n") || strstr(buf, "\n\n"))
-                                break;
-                }
-                long long left = deadline - now_ms();
-                if (left <= 0 || atomic_load(&h->stop))
-                        return -1;
-                struct pollfd pfd = {.fd = fd, .events = POLLIN};
-                int pr = poll(&pfd, 1, (int)(left < HTTP_POLL_MS ? left : HTTP_POLL_MS));
-                if (pr < 0 && errno != EINTR)
-                        return -1;
-                if (pr <= 0)
-                        continue;
-                ssize_t r = recv(fd, buf + len, size - 1 - len, 0);
-                if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
-                        continue;
-                if (r <= 0)
-                        break; /* peer closed: answer what we have */
-                len += (size_t)r;
-                buf[len] = '\0';
-        }
-        return (int)len;
-}
-
-static void serve_metrics(int fd) {
-        struct buf body = {0};
-        if (metrics_render(&body) != 0) {
-                (void)respond_text(fd, 500, "cannot render metrics\n");
+        enum MHD_Result rc = MHD_NO;
+        if (version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0 &&
+            MHD_set_response_options(r, MHD_RF_HTTP_1_0_SERVER, MHD_RO_END) != MHD_YES)
                 goto out;
-        }
-        (void)respond(fd, 200, "text/plain; version=0.0.4; charset=utf-8",
-                      body.data ? body.data : "", body.len);
+        if (MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type) != MHD_YES ||
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close") != MHD_YES ||
+            (status == MHD_HTTP_METHOD_NOT_ALLOWED &&
+             MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD") != MHD_YES))
+                goto out;
+        rc = MHD_queue_response(c, status, r);
 out:
-        buf_free(&body);
+        MHD_destroy_response(r);
+        return rc;
 }
 
-static void serve(struct http *h, int fd) {
-        char req[HTTP_REQUEST_MAX];
-        if (read_request(h, fd, req, sizeof req) <= 0)
-                return; /* timed out or empty: just close */
+static enum MHD_Result answer_text(struct MHD_Connection *c, const char *version, unsigned status,
+                                   const char *text) {
+        return answer(c, version, status, TEXT_PLAIN, (char *)text, strlen(text), 0);
+}
 
-        /* Request line: METHOD SP target [SP version]. */
-        char *eol = strpbrk(req, "\r\n");
-        if (eol)
-                *eol = '\0';
-        char *method = req, *target = strchr(req, ' ');
-        if (!target || target == method) {
-                (void)respond_text(fd, 400, "bad request\n");
-                return;
+/* MHD's request handler: the first call for a request has the line and
+ * headers; the answer is queued at once (a request body, which none of these
+ * paths takes, is not waited for). HEAD gets GET's headers without the body
+ * (MHD leaves it out). */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls) {
+        struct http *h = cls;
+        (void)upload_data;
+        (void)upload_data_size;
+        (void)req_cls;
+        log_debug("http", "request", "method=%s path=%s version=%s", method, url, version);
+
+        if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+                return answer_text(c, version, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
+        if (strcmp(url, "/metrics") == 0) {
+                struct buf body = {0};
+                if (metrics_render(&body) != 0) {
+                        buf_free(&body);
+                        return answer_text(c, version, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                                           "cannot render metrics\n");
+                }
+                if (!body.data)
+                        return answer(c, version, MHD_HTTP_OK, PROMETHEUS_TEXT, (char *)"", 0, 0);
+                return answer(c, version, MHD_HTTP_OK, PROMETHEUS_TEXT, body.data, body.len, 1);
         }
-        *target++ = '\0';
-        target[strcspn(target, " ?#")] = '\0';
-        log_debug("http", "request", "method=%s path=%s", log_quote(method), log_quote(target));
-
-        if (strcmp(method, "GET") != 0) {
-                (void)respond_text(fd, 405, "method not allowed\n");
-        } else if (strcmp(target, "/metrics") == 0) {
-                serve_metrics(fd);
-        } else if (strcmp(target, "/healthz") == 0) {
+        if (strcmp(url, "/healthz") == 0) {
                 long long age = now_ms() - atomic_load(&h->last_beat_ms);
                 if (age <= (long long)atomic_load(&h->stall_s) * 1000)
-                        (void)respond_text(fd, 200, "ok\n");
-                else
-                        (void)respond_text(fd, 503, "stalled\n");
-        } else if (strcmp(target, "/readyz") == 0) {
+                        return answer_text(c, version, MHD_HTTP_OK, "ok\n");
+                return answer_text(c, version, MHD_HTTP_SERVICE_UNAVAILABLE, "stalled\n");
+        }
+        if (strcmp(url, "/readyz") == 0) {
                 if (atomic_load(&h->ready))
-                        (void)respond_text(fd, 200, "ready\n");
-                else
-                        (void)respond_text(fd, 503, "not ready\n");
-        } else {
-                (void)respond_text(fd, 404, "not found\n");
+                        return answer_text(c, version, MHD_HTTP_OK, "ready\n");
+                return answer_text(c, version, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
         }
+        return answer_text(c, version, MHD_HTTP_NOT_FOUND, "not found\n");
 }
 
-/* Closes fd without a reset: half-close, then drop what the client still sent. */
-static void close_conn(int fd) {
-        char sink[512];
-        (void)shutdown(fd, SHUT_WR);
-        for (int i = 0; i < 8 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
-                ;
-        close(fd);
+/* MHD's own messages (a client that sent garbage, a reset connection):
+ * debug level, since any peer can cause them. */
+__attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt,
+                                                             va_list ap) {
+        (void)cls;
+        if (!log_enabled(LOG_DEBUG))
+                return;
+        char text[512];
+        vsnprintf(text, sizeof text, fmt, ap);
+        text[strcspn(text, "\n")] = '\0';
+        log_debug("http", "libmicrohttpd", "text=%s", text);
 }
 
-static void *http_thread(void *arg) {
-        struct http *h = arg;
-        long long last_warn = 0;
-        while (!atomic_load(&h->stop)) {
-                struct pollfd pfd = {.fd = h->fd, .events = POLLIN};
-                int pr = poll(&pfd, 1, HTTP_POLL_MS);
-                if (pr <= 0)
-                        continue; /* timeout or EINTR: look at the flag again */
-                int c = accept(h->fd, NULL, NULL);
-                if (c < 0) {
-                        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
-                            errno == ECONNABORTED)
-                                continue;
-                        if (now_ms() - last_warn > 10000) {
-                                last_warn = now_ms();
-                                log_warn("http", "accept failed", "err=%s",
-                                         log_quote(strerror(errno)));
-                        }
-                        struct timespec pause = {0, HTTP_POLL_MS * 1000000L};
-                        nanosleep(&pause, NULL); /* e.g. EMFILE: do not spin */
-                        continue;
-                }
-                /* Non-blocking: reads and writes wait in poll() against deadlines. */
-                int fl = fcntl(c, F_GETFL);
-                if (fl < 0 || fcntl(c, F_SETFL, fl | O_NONBLOCK) < 0 ||
-                    fcntl(c, F_SETFD, FD_CLOEXEC) < 0) {
-                        close(c);
-                        continue;
-                }
-                serve(h, c);
-                close_conn(c);
-        }
-        return NULL;
+/* The connection limit: HTTP_MAX_CONNECTIONS, or half the descriptors the
+ * process may open if that is less. */
+static unsigned connection_limit(void) {
+        struct rlimit rl;
+        unsigned limit = HTTP_MAX_CONNECTIONS;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            rl.rlim_cur / 2 < limit)
+                limit = (unsigned)(rl.rlim_cur / 2);
+        return limit > 8 ? limit : 8;
 }
 
 struct http *http_start(const char *addr, char *errstr, size_t errstr_size) {
         struct http *h = calloc(1, sizeof *h);
-        int started = 0;
         if (!h) {
                 snprintf(errstr, errstr_size, "http: out of memory");
-                goto out;
+                return NULL;
         }
         h->fd = listen_on(addr, errstr, errstr_size);
         if (h->fd < 0)
-                goto out;
+                goto fail;
 
         struct sockaddr_storage ss;
         socklen_t sslen = sizeof ss;
         if (getsockname(h->fd, (struct sockaddr *)&ss, &sslen) != 0) {
                 snprintf(errstr, errstr_size, "http: getsockname: %s", strerror(errno));
-                goto out;
+                goto fail;
         }
         h->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        atomic_init(&h->stop, 0);
         atomic_init(&h->ready, 0);
         atomic_init(&h->stall_s, HTTP_DEFAULT_STALL_S);
         atomic_init(&h->last_beat_ms, now_ms()); /* grace of stall_s after start */
 
-        /* Signals go to the main thread: the server thread blocks them all. */
+        unsigned limit = connection_limit();
+        /* Signals go to the main thread: MHD's thread inherits a full mask. */
         sigset_t all, old;
         sigfillset(&all);
         int perr = pthread_sigmask(SIG_SETMASK, &all, &old);
-        if (perr == 0) {
-                perr = pthread_create(&h->thread, NULL, http_thread, h);
-                (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
-        }
         if (perr != 0) {
-                snprintf(errstr, errstr_size, "http: cannot start thread: %s", strerror(perr));
-                goto out;
+                snprintf(errstr, errstr_size, "http: cannot block signals: %s", strerror(perr));
+                goto fail;
         }
-        started = 1;
-out:
-        if (!started && h) {
-                if (h->fd >= 0)
-                        close(h->fd);
-                free(h);
-                h = NULL;
+        h->daemon = MHD_start_daemon(
+                MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
+                MHD_OPTION_LISTEN_SOCKET, (MHD_socket)h->fd, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+                NULL, MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                limit / 2, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_TIMEOUT_S,
+                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)HTTP_MEMORY_LIMIT, MHD_OPTION_END);
+        (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!h->daemon) {
+                snprintf(errstr, errstr_size, "http: libmicrohttpd did not start on %s", addr);
+                goto fail;
         }
         return h;
+fail:
+        if (h->fd >= 0)
+                close(h->fd);
+        free(h);
+        return NULL;
 }
 
 int http_port(const struct http *h) {
@@ -357,8 +293,6 @@ void http_set_ready(struct http *h, int ready) {
 void http_stop(struct http *h) {
         if (!h)
                 return;
-        atomic_store(&h->stop, 1);
-        (void)pthread_join(h->thread, NULL);
-        close(h->fd);
+        MHD_stop_daemon(h->daemon); /* joins its thread, closes every socket */
         free(h);
 }

@@ -1,5 +1,5 @@
-/* http.h - a tiny HTTP/1.0 server on its own thread for /metrics, /healthz and
- * /readyz (GET only, one request per connection). */
+/* http.h - /metrics, /healthz and /readyz over libmicrohttpd on its own
+ * thread (GET and HEAD, HTTP/1.0 and 1.1, one request per connection). */
 #ifndef OUTBOX_HTTP_H
 #define OUTBOX_HTTP_H
 
@@ -22,7 +22,7 @@ void http_set_stall(struct http *h, int stall_s);
 /* /readyz answers 200 while the last value set is nonzero. */
 void http_set_ready(struct http *h, int ready);
 
-/* Stops the thread, closes the socket, frees. NULL is a no-op. */
+/* Stops the thread, closes every socket, frees. NULL is a no-op. */
 void http_stop(struct http *h);
 
 #endif

@@ -84,8 +84,7 @@ static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
                 k->broker_up = 0;
         log_write(err == RD_KAFKA_RESP_ERR__FATAL ? LOG_ERROR : LOG_WARN, "kafka", "producer error",
-                  "err=%s reason=%s", rd_kafka_err2name((rd_kafka_resp_err_t)err),
-                  log_quote(reason));
+                  "err=%s reason=%s", rd_kafka_err2name((rd_kafka_resp_err_t)err), reason);
 }
 
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
@@ -95,7 +94,7 @@ static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char 
                            : level <= 6 ? LOG_INFO
                                         : LOG_DEBUG;
         if (log_enabled(l))
-                log_write(l, "kafka", "librdkafka", "fac=%s text=%s", fac, log_quote(buf));
+                log_write(l, "kafka", "librdkafka", "fac=%s text=%s", fac, buf);
 }
 
 static int conf_set(rd_kafka_conf_t *conf, const char *name, const char *value, const char *source,

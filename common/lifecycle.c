@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "db_conninfo.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -129,7 +130,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
         log_setup(c == 0 ? (enum log_level)lc->cfg.log_level : LOG_INFO,
                   c == 0 ? lc->cfg.log_format_json : config_log_json_hint(argc, argv));
         if (c != 0 || (check && check(&lc->cfg, err, sizeof err) != 0)) {
-                log_error("config", "bad configuration", "err=%s", log_quote(err));
+                log_error("config", "bad configuration", "err=%s", err);
                 return 2;
         }
 
@@ -146,12 +147,12 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                 lc->http = http_start(lc->cfg.http_addr, err, sizeof err);
                 if (!lc->http) {
                         log_error("http", "cannot listen", "addr=%s err=%s", lc->cfg.http_addr,
-                                  log_quote(err));
+                                  err);
                         return 1;
                 }
         }
-        config_redact_url(lc->cfg.database_url, url, sizeof url);
-        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, log_quote(url),
+        db_conninfo_redact(lc->cfg.database_url, url, sizeof url);
+        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, url,
                  lc->cfg.http_addr);
         return -1;
 }
@@ -196,7 +197,7 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                 return 0;
         }
         log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
-                 lifecycle_retry_ms(*backoff_ms, stop), log_quote(err));
+                 lifecycle_retry_ms(*backoff_ms, stop), err);
         if (http)
                 http_set_ready(http, 0);
         lifecycle_backoff(http, backoff_ms, stop);

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "clock.h"
-#include "config.h"
 #include "encode.h"
 
 #define BUCKETS  256
@@ -43,6 +42,22 @@ static uint64_t fnv1a(const char *s) {
         return h;
 }
 
+/* url with its password replaced by ****, through libcurl's own URL parser
+ * (what the requests use); "(not a URL)" when it cannot parse it. */
+static void redact_url(const char *url, char *out, size_t size) {
+        CURLU *u = curl_url();
+        char *pw = NULL, *shown = NULL;
+        if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK) {
+                if (curl_url_get(u, CURLUPART_PASSWORD, &pw, 0) != CURLUE_OK ||
+                    curl_url_set(u, CURLUPART_PASSWORD, "****", 0) == CURLUE_OK)
+                        (void)curl_url_get(u, CURLUPART_URL, &shown, 0);
+        }
+        snprintf(out, size, "%s", shown ? shown : "(not a URL)");
+        curl_free(pw);
+        curl_free(shown);
+        curl_url_cleanup(u);
+}
+
 struct registry *registry_new(const char *url, int auto_register, char *errstr,
                               size_t errstr_size) {
         if (strncmp(url, "http://", 7) && strncmp(url, "https://", 8)) {
@@ -63,7 +78,7 @@ struct registry *registry_new(const char *url, int auto_register, char *errstr,
         size_t n = strlen(reg->url);
         while (n > 0 && reg->url[n - 1] == '/')
                 reg->url[--n] = '\0';
-        config_redact_url(reg->url, reg->redacted, sizeof reg->redacted);
+        redact_url(reg->url, reg->redacted, sizeof reg->redacted);
         reg->curl = curl_easy_init();
         reg->headers =
                 curl_slist_append(NULL, "Content-Type: application/vnd.schemaregistry.v1+json");
@@ -147,6 +162,19 @@ static void json_message(const char *body, char *out, size_t size) {
         out[i] = '\0';
 }
 
+int registry_parse_reply(long status, const char *body, int *id, const char **code, char *msg,
+                         size_t msg_size) {
+        long long v;
+        msg[0] = '\0';
+        if (status == 200 && json_int(body, "id", &v) == 0 && v >= 0 && v <= INT32_MAX) {
+                *id = (int)v;
+                return 0;
+        }
+        json_message(body, msg, msg_size);
+        *code = status >= 500 || status == 429 ? "REGISTRY_UNAVAILABLE" : "REGISTRY_REJECTED";
+        return -1;
+}
+
 /* One POST (register, or look up); 0 with *id, or -1 with *why and errstr. */
 static int lookup(struct registry *reg, const char *subject, const char *schema_json, int *id,
                   struct registry_error *why, char *errstr, size_t errstr_size) {
@@ -183,16 +211,14 @@ static int lookup(struct registry *reg, const char *subject, const char *schema_
         }
         long status = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
-        const char *text = resp.data ? resp.data : "";
-        long long v;
-        if (status == 200 && json_int(text, "id", &v) == 0 && v >= 0 && v <= INT32_MAX) {
-                *id = (int)v;
+        char msg[120];
+        const char *code;
+        if (registry_parse_reply(status, resp.data ? resp.data : "", id, &code, msg, sizeof msg) ==
+            0) {
                 rc = 0;
                 goto done;
         }
-        char msg[120];
-        json_message(text, msg, sizeof msg);
-        if (status < 500 && status != 429)
+        if (strcmp(code, unavailable.code) != 0)
                 *why = rejected;
         snprintf(errstr, errstr_size, "schema registry %s: subject %s: HTTP %ld%s%s%s",
                  reg->redacted, subject, status,

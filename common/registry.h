@@ -48,6 +48,14 @@ int registry_schema_id(struct registry *reg, const char *subject, const char *sc
                        struct registry_error *why, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
+/* Reads a registry's answer to the POST (HTTP `status`, `body` as received,
+ * NUL-terminated): 0 with *id for a 200 holding an id, else -1 with *code
+ * (REGISTRY_UNAVAILABLE for 5xx and 429, REGISTRY_REJECTED otherwise) and
+ * the body's "message", if any, in msg (cut to msg_size). Used by
+ * registry_schema_id(); public for the tests and the fuzz target. */
+int registry_parse_reply(long status, const char *body, int *id, const char **code, char *msg,
+                         size_t msg_size) __attribute__((warn_unused_result));
+
 /* Requests sent so far (for tests of the cache). */
 unsigned long registry_requests(const struct registry *reg);
 

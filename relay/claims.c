@@ -105,7 +105,7 @@ static int mark(struct claims *c, size_t n, volatile sig_atomic_t *stop) {
                 if (db_connected(c->db)) {
                         /* connected but failing: wait like a reconnect would */
                         log_warn("db", "mark failed, retrying", "retry_ms=%d err=%s",
-                                 lifecycle_retry_ms(c->reconnect_ms, stop), log_quote(err));
+                                 lifecycle_retry_ms(c->reconnect_ms, stop), err);
                         lifecycle_backoff(c->http, &c->reconnect_ms, stop);
                 }
                 if (*stop && stop_grace_over(c)) {
@@ -159,7 +159,7 @@ static int take_back_own(struct claims *c) {
         char err[512];
         long long n;
         if (db_take_back_own(c->db, c->cfg->max_attempts, &n, err, sizeof err) != 0) {
-                log_warn("db", "taking back own locks failed", "err=%s", log_quote(err));
+                log_warn("db", "taking back own locks failed", "err=%s", err);
                 return -1;
         }
         c->seen_connects = db_connects(c->db);
@@ -215,8 +215,7 @@ static int take_ahead(struct claims *c, volatile sig_atomic_t *stop) {
         if (room > 0 && db_connected(c->db)) {
                 char err[512];
                 if (lock(c, window(c), room, &c->batch, err, sizeof err) != 0)
-                        log_warn("db", "filling up a batch locked ahead failed", "err=%s",
-                                 log_quote(err));
+                        log_warn("db", "filling up a batch locked ahead failed", "err=%s", err);
         }
         return 1;
 }
@@ -242,7 +241,7 @@ static int lock_now(struct claims *c) {
         }
         return 0;
 fail:
-        log_warn("db", "lock batch failed", "err=%s", log_quote(err));
+        log_warn("db", "lock batch failed", "err=%s", err);
         return -1;
 }
 
@@ -255,7 +254,7 @@ static void lock_ahead(struct claims *c, volatile sig_atomic_t *stop) {
         if (*stop || c->ahead_sent < c->ahead_after)
                 return;
         if (db_lock_send(c->db, window(c), c->cfg->batch_size, err, sizeof err) != 0)
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                log_warn("db", "locking the next batch ahead failed", "err=%s", err);
 }
 
 int claims_lock(struct claims *c, volatile sig_atomic_t *stop, const struct db_batch **batch) {
@@ -289,7 +288,7 @@ void claims_receive_ahead(struct claims *c) {
         int rc = db_lock_receive(c->db, &c->ahead, &unknown, err, sizeof err);
         c->unknown |= unknown;
         if (rc != 0) {
-                log_warn("db", "locking the next batch ahead failed", "err=%s", log_quote(err));
+                log_warn("db", "locking the next batch ahead failed", "err=%s", err);
                 return;
         }
         if (c->ahead.count == 0)

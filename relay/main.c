@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
                 if (relay)
                         rc = relay_run(relay, lc.stop);
                 else
-                        log_error("relay", "cannot start", "err=%s", log_quote(err));
+                        log_error("relay", "cannot start", "err=%s", err);
                 rc = relay ? rc : 1;
         }
         relay_destroy(relay);

@@ -217,14 +217,14 @@ static int await_reports(struct relay *r, size_t n, int wave) {
                 snprintf(err, sizeof err, "%d delivery reports missing after a purge",
                          kafka_outstanding(r->kafka));
         }
-        log_error("kafka", "rebuilding the producer", "reason=%s", log_quote(err));
+        log_error("kafka", "rebuilding the producer", "reason=%s", err);
         for (size_t i = 0; i < n; i++)
                 if (r->rows[i].wave == wave && !r->rows[i].ok)
                         row_fail(&r->rows[i], 0, 0, "_FATAL", err);
         kafka_destroy(r->kafka);
         r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
         if (!r->kafka) {
-                log_error("kafka", "cannot rebuild the producer", "reason=%s", log_quote(err));
+                log_error("kafka", "cannot rebuild the producer", "reason=%s", err);
                 return -1;
         }
         return 0;
@@ -333,8 +333,7 @@ static size_t build_outcomes(struct relay *r, const struct db_batch *b, struct d
                         }
                         metrics_add(M_EVENTS_DEAD, st->code, 1);
                         log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s",
-                                 ev->outbox_id, st->topic ? st->topic : "-", st->code,
-                                 log_quote(st->message));
+                                 ev->outbox_id, st->topic ? st->topic : "-", st->code, st->message);
                         dead++;
                 } else {
                         o->mark = DB_MARK_FAILED;
@@ -407,7 +406,7 @@ static void sample_gaps(struct relay *r) {
         char err[512];
         if (db_version_gaps(r->db, GAP_REPORT_AFTER_S, gaps, GAP_LOG_MAX, &n, &total, err,
                             sizeof err) != 0) {
-                log_warn("db", "looking for version gaps failed", "err=%s", log_quote(err));
+                log_warn("db", "looking for version gaps failed", "err=%s", err);
                 return;
         }
         metrics_set(M_VERSION_GAPS, NULL, (double)total);
@@ -417,9 +416,9 @@ static void sample_gaps(struct relay *r) {
                         log_warn("relay", "version gap holds an aggregate",
                                  "tenant_id=%s aggregate_type=%s aggregate_id=%s held_version=%lld "
                                  "missing_from=%lld missing_to=%lld age_s=%.0f",
-                                 log_quote(gaps[i].tenant_id), log_quote(gaps[i].aggregate_type),
-                                 log_quote(gaps[i].aggregate_id), gaps[i].held_version,
-                                 gaps[i].prev_version + 1, gaps[i].held_version - 1, gaps[i].age_s);
+                                 gaps[i].tenant_id, gaps[i].aggregate_type, gaps[i].aggregate_id,
+                                 gaps[i].held_version, gaps[i].prev_version + 1,
+                                 gaps[i].held_version - 1, gaps[i].age_s);
 }
 
 static void sample_table(struct relay *r) {
@@ -430,7 +429,7 @@ static void sample_table(struct relay *r) {
                 return;
         r->next_sample = t + SAMPLE_INTERVAL_S;
         if (db_sample(r->db, counts, &age, err, sizeof err) != 0) {
-                log_warn("db", "sampling the table failed", "err=%s", log_quote(err));
+                log_warn("db", "sampling the table failed", "err=%s", err);
                 return;
         }
         if (r->cfg->ordering == ORDERING_AGGREGATE)

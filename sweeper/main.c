@@ -18,7 +18,7 @@ int main(int argc, char **argv) {
                 if (sweeper)
                         rc = sweeper_run(sweeper, lc.stop);
                 else
-                        log_error("sweeper", "cannot start", "err=%s", log_quote(err));
+                        log_error("sweeper", "cannot start", "err=%s", err);
                 rc = sweeper ? rc : 1;
         }
         sweeper_destroy(sweeper);

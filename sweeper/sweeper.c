@@ -90,7 +90,7 @@ static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_re
                          "rows=%lld", res->parked);
         return;
 fail:
-        log_warn("sweeper", "parking failed, going on", "err=%s", log_quote(err));
+        log_warn("sweeper", "parking failed, going on", "err=%s", err);
 }
 
 int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res,
@@ -157,7 +157,7 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         int rc = sweeper_sweep(s, stop, &res, err, sizeof err);
         if (rc != 0) {
                 log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
-                         res.stale_reset, res.deleted, log_quote(err));
+                         res.stale_reset, res.deleted, err);
                 if (s->http && !db_connected(s->db))
                         http_set_ready(s->http, 0);
                 return -1;

@@ -126,25 +126,44 @@ Test(config, identifiers) {
         cr_assert_neq(config_check_identifier(""), 0);
 }
 
-Test(config, redacts_passwords) {
-        char out[256];
-        config_redact_url("postgresql://outbox:s3cret@db:5432/app?sslmode=require", out,
-                          sizeof out);
-        cr_assert_str_eq(out, "postgresql://outbox:****@db:5432/app?sslmode=require");
-        config_redact_url("host=db user=u password=s3cret dbname=app", out, sizeof out);
-        cr_assert_str_eq(out, "host=db user=u password=**** dbname=app");
-        config_redact_url("postgresql://db/app?user=u&password=s3cret", out, sizeof out);
-        cr_assert_str_eq(out, "postgresql://db/app?user=u&password=****");
-        config_redact_url("postgresql://u@db/app", out, sizeof out);
-        cr_assert_str_eq(out, "postgresql://u@db/app");
-        /* libpq allows spaces around '=' and quoted values with escapes */
-        config_redact_url("host=db password = 's3 cr\\'et' dbname=app", out, sizeof out);
-        cr_assert_str_eq(out, "host=db password = **** dbname=app");
-        config_redact_url("password=ab", out, sizeof out);
-        cr_assert_str_eq(out, "password=****");
-        char small[12];
-        config_redact_url("password=abcdefghijklmnop", small, sizeof small);
-        cr_assert_null(strstr(small, "abc"), "%s", small);
+/* What libpq refuses is bad configuration, named, without the password. */
+Test(config, database_url_checked_by_libpq) {
+        const char *bad[] = {
+                "postgresql://outbox:SECRET@[::1:5432/outbox",
+                "postgresql://outbox:SECRET@db/outbox?sslmode=bogus",
+                "postgresql://outbox:SECRET@db/outbox?foo=bar",
+                "host=db password=SECRET port=notaport",
+                "host=db password='SECRET",
+        };
+        char *argv[] = {"outbox-relay"};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                config_destroy(&cfg);
+                setenv("OUTBOX_DATABASE_URL", bad[i], 1);
+                cr_expect_eq(load(1, argv), -1, "%s accepted", bad[i]);
+                cr_expect_eq(strncmp(err, "OUTBOX_DATABASE_URL: ", 21), 0, "%s", err);
+                cr_expect_null(strstr(err, "SECRET"), "%s", err);
+                cr_expect_null(strchr(err, '\n'), "%s", err);
+        }
+        config_destroy(&cfg);
+        setenv("OUTBOX_DATABASE_URL", "host=db\n\tpassword='SE CR\\'ET'\nport=5433", 1);
+        cr_expect_eq(load(1, argv), 0, "%s", err);
+}
+
+/* A line longer than the reader's buffer is an error, not cut into two. */
+Test(config, file_line_too_long) {
+        char path[] = "/tmp/outbox-config-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert(fd >= 0);
+        FILE *f = fdopen(fd, "w");
+        fprintf(f, "topic_template = ");
+        for (int i = 0; i < 5000; i++)
+                fputc('x', f);
+        fprintf(f, "batch_size = 7\n");
+        fclose(f);
+        char *argv[] = {"outbox-relay", "--config", path};
+        cr_expect_eq(load(3, argv), -1);
+        unlink(path);
+        cr_expect_not_null(strstr(err, "line 1: longer than"), "%s", err);
 }
 
 Test(config, avro_registry_and_envelope_fields) {

@@ -124,6 +124,44 @@ Test(encode, headers_not_an_object_or_malformed) {
                      -1);
 }
 
+/* headers_json of n members named m0, m1, ... with value "v". */
+static const char *members(int n, struct buf *out) {
+        buf_reset(out);
+        for (int i = 0; i < n; i++) {
+                char name[16];
+                int nl = snprintf(name, sizeof name, "m%d", i);
+                cr_assert_eq(buf_appendf(out, "%d:%s1:v", nl, name), 0);
+        }
+        return out->data ? out->data : "";
+}
+
+/* One limit, whatever the row holds: ENCODE_MAX_HEADER_MEMBERS members pass
+ * with every optional fixed header present or none, one more is refused by
+ * a message that names the limit. */
+Test(encode, headers_json_member_limit) {
+        struct buf hj = {0};
+        struct encode_header h[ENCODE_MAX_HEADERS];
+        char err[128], want[64];
+        for (int optional = 0; optional <= 1; optional++) {
+                struct outbox_event ev = sample();
+                if (!optional)
+                        ev.correlation_id = ev.causation_id = ev.trace_id = ev.event_key = NULL;
+                else
+                        ev.correlation_id = ev.causation_id = ev.trace_id = ev.event_key = "x";
+                ev.headers = members(ENCODE_MAX_HEADER_MEMBERS, &hj);
+                int n = encode_headers(&ev, "p", "application/json", optional ? "7" : NULL, h, &b,
+                                       err, sizeof err);
+                cr_expect_gt(n, ENCODE_MAX_HEADER_MEMBERS, "%s", err);
+                ev.headers = members(ENCODE_MAX_HEADER_MEMBERS + 1, &hj);
+                cr_expect_eq(encode_headers(&ev, "p", "application/json", optional ? "7" : NULL, h,
+                                            &b, err, sizeof err),
+                             -1);
+                snprintf(want, sizeof want, "more than %d members", ENCODE_MAX_HEADER_MEMBERS);
+                cr_expect_not_null(strstr(err, want), "%s", err);
+        }
+        buf_free(&hj);
+}
+
 Test(encode, buf_grows) {
         for (int i = 0; i < 10000; i++)
                 cr_assert_eq(buf_appendf(&b, "%d,", i % 10), 0);

@@ -151,6 +151,7 @@ Test(registry, server_error_is_unavailable_and_not_retried_at_once) {
         cr_assert(why.unavailable);
         cr_assert(strstr(err, "HTTP 503"), "%s", err);
         cr_assert(!strstr(err, "hunter2"), "password in %s", err);
+        cr_assert(strstr(err, "://user:****@127.0.0.1:"), "%s", err);
         cr_assert(strcasestr(srv.request, "Authorization: Basic "), "userinfo is basic auth");
         srv.status = "200 OK";
         cr_assert_eq(registry_schema_id(reg, "s-value", "\"string\"", &id, &why, err, sizeof err),
