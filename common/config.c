@@ -51,6 +51,9 @@ static const struct opt opts[] = {
          "written to locked_by (default hostname-pid)"},
         {"OUTBOX_BATCH_SIZE", T_INT, "500", O(batch_size), RELAY, 1, 100000, NULL,
          "rows locked per batch"},
+        {"OUTBOX_BATCH_BYTES", T_LL, "16777216", O(batch_bytes), RELAY, 65536, 1073741824, NULL,
+         "the rows a relay holds (its batch and the one locked ahead), in bytes of their "
+         "payloads, headers and other text; one row always goes, however large"},
         {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
          "longest idle wait; NOTIFY wakes sooner"},
         {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), BOTH, 0, 0, ordering_names,

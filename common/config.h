@@ -27,6 +27,7 @@ struct config {
         char *table;
         char *relay_id;
         int batch_size;
+        long long batch_bytes; /* the rows the relay holds, in bytes of their values */
         int poll_interval_ms;
         int ordering; /* enum config_ordering */
         int max_attempts;

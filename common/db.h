@@ -63,6 +63,7 @@ void db_destroy(struct db *db);
 struct db_batch {
         struct outbox_event *events;
         size_t count;
+        size_t bytes; /* what the rows' values take in memory (the byte budget's measure) */
         void *priv;
 };
 
@@ -82,20 +83,21 @@ enum db_lock_kind {
 };
 
 /* Runs a lock statement and adds its rows to b (empty or not: a batch takes
- * up to three). 0, or -1 with errstr set (the connection dropped when it
- * failed). *unknown is set when rows may be locked for this relay that b did
- * not get (the outcome was lost with the connection, or out of memory):
- * db_take_back_own() returns them. */
-int db_lock(struct db *db, enum db_lock_kind kind, int limit, struct db_batch *b, int *unknown,
-            char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+ * up to three): at most `limit` rows, and rows only while their bytes stay
+ * within `bytes` (always at least one row, however large). 0, or -1 with
+ * errstr set (the connection dropped when it failed). *unknown is set when
+ * rows may be locked for this relay that b did not get (the outcome was lost
+ * with the connection, or out of memory): db_take_back_own() returns them. */
+int db_lock(struct db *db, enum db_lock_kind kind, int limit, long long bytes, struct db_batch *b,
+            int *unknown, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* db_lock() in two halves, so the caller can work while the server locks:
  * db_lock_send() sends the statement, db_lock_receive() waits for its rows.
  * Between the two the connection takes nothing else; db_lock_receive() must
  * follow every successful db_lock_send() (it fails at once if the connection
  * was lost). */
-int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, char *errstr, size_t errstr_size)
-        __attribute__((warn_unused_result));
+int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, long long bytes, char *errstr,
+                 size_t errstr_size) __attribute__((warn_unused_result));
 int db_lock_receive(struct db *db, struct db_batch *b, int *unknown, char *errstr,
                     size_t errstr_size) __attribute__((warn_unused_result));
 

@@ -22,24 +22,39 @@
 /* Rows this relay holds: the fence of every statement but the locks. */
 #define HELD " AND status = 'PUBLISHING' AND locked_by = $1"
 
-/* The columns every lock statement returns, in enum col order (struct
- * outbox_event's). headers is the headers_json object as netstrings (see
- * event.h), NULL when not an object; occurred_at is formatted as RFC 3339 UTC
- * by the server; the ctid lets the mark find the row without an index. */
-#define LOCK_COLUMNS                                                                               \
-        "o.outbox_id::text, o.tenant_id, o.aggregate_type, o.aggregate_id, "                       \
-        "o.aggregate_version, o.event_type, o.event_version, o.topic_name, "                       \
-        "o.partition_key, o.event_key, o.payload_json::text, "                                     \
-        "CASE WHEN o.headers_json = '{}' THEN ''"                                                  \
-        " WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("                            \
-        "  SELECT string_agg(octet_length(h.key)::text || ':' || h.key || "                        \
-        "         octet_length(h.v)::text || ':' || h.v, '' ORDER BY h.key) "                      \
-        "  FROM (SELECT key, CASE WHEN jsonb_typeof(value) = 'string' "                            \
-        "               THEN value #>> '{}' ELSE value::text END AS v "                            \
-        "        FROM jsonb_each(o.headers_json)) h), '') END, "                                   \
-        "o.correlation_id, o.causation_id, o.trace_id, "                                           \
-        "to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "         \
-        "extract(epoch FROM o.occurred_at)::float8, o.attempt_count, o.ctid::text"
+/* The columns a lock statement returns before attempt_count, ctid and
+ * late_after, in enum col order (struct outbox_event's), computed once per
+ * chosen row (`o`, before the lock changes it; none of these changes): c_hdr
+ * is the headers_json object as netstrings (see event.h), NULL when not an
+ * object; occurred_at is formatted as RFC 3339 UTC by the server. c_bytes is
+ * what the row's text weighs in the relay, for the byte budget. */
+#define ROW_COLUMNS                                                                                \
+        "o.outbox_id::text AS c_id, o.tenant_id AS c_tenant, o.aggregate_type AS c_atype,"         \
+        " o.aggregate_id AS c_aid, o.aggregate_version AS c_v, o.event_type AS c_etype,"           \
+        " o.event_version AS c_ever, o.topic_name AS c_topic, o.partition_key AS c_pkey,"          \
+        " o.event_key AS c_ekey, o.payload_json::text AS c_payload,"                               \
+        " CASE WHEN o.headers_json = '{}' THEN ''"                                                 \
+        "  WHEN jsonb_typeof(o.headers_json) = 'object' THEN COALESCE(("                           \
+        "   SELECT string_agg(octet_length(h.key)::text || ':' || h.key || "                       \
+        "          octet_length(h.v)::text || ':' || h.v, '' ORDER BY h.key) "                     \
+        "   FROM (SELECT key, CASE WHEN jsonb_typeof(value) = 'string' "                           \
+        "                THEN value #>> '{}' ELSE value::text END AS v "                           \
+        "         FROM jsonb_each(o.headers_json)) h), '') END AS c_hdr,"                          \
+        " o.correlation_id AS c_corr, o.causation_id AS c_cause, o.trace_id AS c_trace,"           \
+        " to_char(o.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS "      \
+        "c_occ,"                                                                                   \
+        " extract(epoch FROM o.occurred_at)::float8 AS c_epoch"
+#define ROW_COLUMN_NAMES                                                                           \
+        "s.c_id, s.c_tenant, s.c_atype, s.c_aid, s.c_v, s.c_etype, s.c_ever, s.c_topic,"           \
+        " s.c_pkey, s.c_ekey, s.c_payload, s.c_hdr, s.c_corr, s.c_cause, s.c_trace, s.c_occ,"      \
+        " s.c_epoch"
+#define ROW_BYTES                                                                                  \
+        "(octet_length(c_id) + octet_length(c_tenant) + octet_length(c_atype)"                     \
+        " + octet_length(c_aid) + octet_length(c_etype) + coalesce(octet_length(c_topic), 0)"      \
+        " + coalesce(octet_length(c_pkey), 0) + coalesce(octet_length(c_ekey), 0)"                 \
+        " + coalesce(octet_length(c_payload), 0) + coalesce(octet_length(c_hdr), 0)"               \
+        " + coalesce(octet_length(c_corr), 0) + coalesce(octet_length(c_cause), 0)"                \
+        " + coalesce(octet_length(c_trace), 0))"
 
 enum col {
         C_ID,
@@ -220,16 +235,25 @@ enum col {
         "aggregate_id))" RUNS("max(aggregate_version) FILTER (WHERE first)",                       \
                               CONSECUTIVE("g.lo", "g.prev", "g.lo_settled"))
 
-/* The tail: the chosen rows (`from`) go PUBLISHING for this relay; rows come
- * back ordered by aggregate and version, with late_after (`late`). */
+/* The tail: the chosen rows (`from`), in lock order, while their bytes stay
+ * within the budget ($3; always the first row, so one row larger than the
+ * budget still goes, or goes DEAD), go PUBLISHING for this relay. Each row's
+ * text is made once, in `cols`; rows come back ordered by aggregate and
+ * version, with late_after (`late`). */
 #define LOCK_TAIL(from, late)                                                                      \
-        ", locked AS ("                                                                            \
+        ", cols AS MATERIALIZED (SELECT r.tid, r.outbox_id AS c_uuid, " late " AS c_late,"         \
+        " o.available_at AS c_due, " ROW_COLUMNS " FROM " from                                     \
+        " r JOIN %1$s o ON o.ctid = r.tid AND o.outbox_id = r.outbox_id),"                         \
+        " sized AS (SELECT c.*, sum(" ROW_BYTES ") OVER (ORDER BY c_due, c_v, c_id"                \
+        "  ROWS UNBOUNDED PRECEDING) - " ROW_BYTES " AS before FROM cols c),"                      \
+        " locked AS ("                                                                             \
         " UPDATE %1$s o SET status = 'PUBLISHING', locked_by = $1,"                                \
         "  locked_at = now(), last_attempt_at = now(),"                                            \
         "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"                    \
-        " FROM " from " r WHERE o.ctid = r.tid AND o.outbox_id = r.outbox_id"                      \
-        " RETURNING " LOCK_COLUMNS ", " late ")"                                                   \
-        " SELECT * FROM locked ORDER BY 2, 3, 4, 5"
+        " FROM sized r WHERE o.ctid = r.tid AND o.outbox_id = r.c_uuid AND r.before < $3"          \
+        " RETURNING o.outbox_id::text AS id, o.attempt_count, o.ctid)"                             \
+        " SELECT " ROW_COLUMN_NAMES ", l.attempt_count, l.ctid::text, s.c_late"                    \
+        " FROM sized s JOIN locked l ON l.id = s.c_id ORDER BY 2, 3, 4, 5"
 
 /* The marks' columns when a row leaves this relay. */
 #define UNLOCK " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
@@ -250,18 +274,18 @@ enum {
 
 const struct db_stmt db_claim_stmts[S_COUNT] = {
         /* The statements of enum db_lock_kind, per enum db_order. */
-        [S_LOCK_UNORDERED] = {"lock_unordered", "lock_unordered", 2,
+        [S_LOCK_UNORDERED] = {"lock_unordered", "lock_unordered", 3,
                               LOCK_WINDOW("") LOCK_TAIL("vis", "NULL::bigint")},
-        [S_LOCK_RUNS_CONSECUTIVE] = {"lock_runs", "lock_runs", 2,
+        [S_LOCK_RUNS_CONSECUTIVE] = {"lock_runs", "lock_runs", 3,
                                      LOCK_WINDOW("")
                                              RUNS_CONSECUTIVE LOCK_TAIL("ready", "r.late_after")},
-        [S_LOCK_HEADS_CONSECUTIVE] = {"lock_heads", "lock_heads", 2,
+        [S_LOCK_HEADS_CONSECUTIVE] = {"lock_heads", "lock_heads", 3,
                                       LOCK_WINDOW(HEADS_CONSECUTIVE)
                                               LOCK_TAIL("vis", "NULL::bigint")},
-        [S_LOCK_RUNS_INCREASING] = {"lock_runs_increasing", "lock_runs", 2,
+        [S_LOCK_RUNS_INCREASING] = {"lock_runs_increasing", "lock_runs", 3,
                                     LOCK_WINDOW(" AND " HORIZON_PASSED("o.txid"))
                                             RUNS_INCREASING LOCK_TAIL("ready", "r.late_after")},
-        [S_LOCK_HEADS_INCREASING] = {"lock_heads_increasing", "lock_heads", 2,
+        [S_LOCK_HEADS_INCREASING] = {"lock_heads_increasing", "lock_heads", 3,
                                      LOCK_WINDOW(HEADS_INCREASING)
                                              LOCK_TAIL("vis", "NULL::bigint")},
         /* Rows locked but never produced go back as they were, the attempt
@@ -321,11 +345,12 @@ struct batch_results {
 /* Sends one lock statement without waiting for it. A connection the server
  * already closed, or said it is closing (what has arrived is read first), is
  * dropped without sending: the statement is known not to have run. */
-static int send_lock(struct db *db, const struct db_stmt *stmt, int limit, char *errstr,
-                     size_t size) {
-        char lim[16];
-        const char *params[2] = {db->relay_id, lim};
+static int send_lock(struct db *db, const struct db_stmt *stmt, int limit, long long bytes,
+                     char *errstr, size_t size) {
+        char lim[16], budget[24];
+        const char *params[3] = {db->relay_id, lim, budget};
         snprintf(lim, sizeof lim, "%d", limit);
+        snprintf(budget, sizeof budget, "%lld", bytes);
         if (!PQconsumeInput(db->conn) || PQstatus(db->conn) != CONNECTION_OK || db->closing) {
                 errstr_set(errstr, size, "%s: not sent: %s", stmt->what,
                            db->closing ? "the server is closing the connection"
@@ -333,7 +358,7 @@ static int send_lock(struct db *db, const struct db_stmt *stmt, int limit, char 
                 db_disconnect(db);
                 return -1;
         }
-        if (!PQsendQueryPrepared(db->conn, stmt->name, 2, params, NULL, NULL, 0)) {
+        if (!PQsendQueryPrepared(db->conn, stmt->name, 3, params, NULL, NULL, 0)) {
                 errstr_set(errstr, size, "%s: %s", stmt->what, PQerrorMessage(db->conn));
                 db_check_conn(db);
                 return -1;
@@ -388,8 +413,9 @@ static double parse_epoch(const char *s) {
         return *p || p == s ? strtod(s, NULL) : whole + frac / scale;
 }
 
-/* Points events at the rows of r. */
-static void fill_events(PGresult *r, struct outbox_event *events) {
+/* Points events at the rows of r; returns the bytes the rows' values take. */
+static size_t fill_events(PGresult *r, struct outbox_event *events) {
+        size_t bytes = 0;
 #define V(col) (PQgetisnull(r, i, col) ? NULL : PQgetvalue(r, i, col))
 #define S(col) PQgetvalue(r, i, col) /* NOT NULL columns: "" never NULL */
         for (int i = 0; i < PQntuples(r); i++) {
@@ -416,9 +442,12 @@ static void fill_events(PGresult *r, struct outbox_event *events) {
                 e->tid = V(C_TID);
                 e->late = !PQgetisnull(r, i, C_LATE_AFTER);
                 e->late_after = e->late ? strtoll(S(C_LATE_AFTER), NULL, 10) : 0;
+                for (int c = 0; c < C_NCOLS; c++)
+                        bytes += (size_t)PQgetlength(r, i, c);
         }
 #undef V
 #undef S
+        return bytes;
 }
 
 /* Adds r's rows to b, which keeps r (a result without rows is freed). */
@@ -444,7 +473,7 @@ static int add_rows(struct db_batch *b, PGresult *r, int *unknown, char *errstr,
                 errstr_set(errstr, size, "out of memory for %zu rows", add);
                 goto fail;
         }
-        fill_events(r, ev + b->count);
+        b->bytes += fill_events(r, ev + b->count);
         b->count += add;
         br->r[br->n++] = r;
         return 0;
@@ -464,14 +493,14 @@ static const struct db_stmt *lock_stmt(const struct db *db, enum db_lock_kind ki
         return &db_claim_stmts[consecutive ? S_LOCK_RUNS_CONSECUTIVE : S_LOCK_RUNS_INCREASING];
 }
 
-int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, char *errstr,
+int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, long long bytes, char *errstr,
                  size_t errstr_size) {
         if (!db_connected(db))
                 return errstr_set(errstr, errstr_size, "not connected");
         if (db->lock_sent)
                 return errstr_set(errstr, errstr_size, "a lock statement is in flight");
         const struct db_stmt *stmt = lock_stmt(db, kind);
-        if (send_lock(db, stmt, limit, errstr, errstr_size) != 0)
+        if (send_lock(db, stmt, limit, bytes, errstr, errstr_size) != 0)
                 return -1;
         db->lock_sent = stmt;
         return 0;
@@ -490,10 +519,10 @@ int db_lock_receive(struct db *db, struct db_batch *b, int *unknown, char *errst
         return r ? add_rows(b, r, unknown, errstr, errstr_size) : -1;
 }
 
-int db_lock(struct db *db, enum db_lock_kind kind, int limit, struct db_batch *b, int *unknown,
-            char *errstr, size_t errstr_size) {
+int db_lock(struct db *db, enum db_lock_kind kind, int limit, long long bytes, struct db_batch *b,
+            int *unknown, char *errstr, size_t errstr_size) {
         *unknown = 0;
-        if (db_lock_send(db, kind, limit, errstr, errstr_size) != 0)
+        if (db_lock_send(db, kind, limit, bytes, errstr, errstr_size) != 0)
                 return -1;
         return db_lock_receive(db, b, unknown, errstr, errstr_size);
 }

@@ -149,6 +149,15 @@ static rd_kafka_conf_t *build_conf(const struct config *cfg, char *errstr, size_
             strstr(features, "zstd") &&
             conf_set(conf, "compression.type", "zstd", "default", errstr, errstr_size) != 0)
                 goto fail;
+        /* The producer's queue holds one batch's messages at a time: sized
+         * from OUTBOX_BATCH_BYTES (twice it: envelopes and headers add to
+         * the rows' bytes) instead of librdkafka's 1 GiB, so the relay's
+         * memory follows the byte budget (a full queue waits for acks). */
+        char kb[24];
+        snprintf(kb, sizeof kb, "%lld", cfg->batch_bytes / 1024 * 2 + 1024);
+        if (conf_set(conf, "queue.buffering.max.kbytes", kb, "OUTBOX_BATCH_BYTES", errstr,
+                     errstr_size) != 0)
+                goto fail;
         for (size_t i = 0; i < cfg->kafka_cnt; i++)
                 if (conf_set(conf, cfg->kafka[i].name, cfg->kafka[i].value, cfg->kafka[i].source,
                              errstr, errstr_size) != 0)

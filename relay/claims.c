@@ -117,12 +117,19 @@ static int mark(struct claims *c, size_t n, volatile sig_atomic_t *stop) {
 
 /* Runs a lock statement into b, noting rows it may have locked that b did
  * not get. */
-static int lock(struct claims *c, enum db_lock_kind kind, int limit, struct db_batch *b, char *err,
-                size_t err_size) {
+static int lock(struct claims *c, enum db_lock_kind kind, int limit, long long bytes,
+                struct db_batch *b, char *err, size_t err_size) {
         int unknown = 0;
-        int rc = db_lock(c->db, kind, limit, b, &unknown, err, err_size);
+        int rc = db_lock(c->db, kind, limit, bytes, b, &unknown, err, err_size);
         c->unknown |= unknown;
         return rc;
+}
+
+/* What the next lock statement may add: OUTBOX_BATCH_BYTES less what the
+ * batch being published and the one locked ahead hold (both count against
+ * it; each statement takes at least one row while this is positive). */
+static long long bytes_left(const struct claims *c) {
+        return c->cfg->batch_bytes - (long long)(c->batch.bytes + c->ahead.bytes);
 }
 
 /* The window's lock statement: with the per-aggregate guard, or without. */
@@ -212,9 +219,9 @@ static int take_ahead(struct claims *c, volatile sig_atomic_t *stop) {
          * predecessors were still in flight. Now that those may be marked,
          * fill it up (each batch costs a produce request per partition). */
         int room = c->cfg->batch_size - (int)c->batch.count;
-        if (room > 0 && db_connected(c->db)) {
+        if (room > 0 && bytes_left(c) > 0 && db_connected(c->db)) {
                 char err[512];
-                if (lock(c, window(c), room, &c->batch, err, sizeof err) != 0)
+                if (lock(c, window(c), room, bytes_left(c), &c->batch, err, sizeof err) != 0)
                         log_warn("db", "filling up a batch locked ahead failed", "err=%s", err);
         }
         return 1;
@@ -227,11 +234,13 @@ static int take_ahead(struct claims *c, volatile sig_atomic_t *stop) {
 static int lock_now(struct claims *c) {
         char err[512];
         int limit = c->cfg->batch_size;
-        if (lock(c, window(c), limit, &c->batch, err, sizeof err) != 0)
+        if (lock(c, window(c), limit, bytes_left(c), &c->batch, err, sizeof err) != 0)
                 goto fail;
         size_t got = c->batch.count;
-        if (window(c) == DB_LOCK_RUNS && got < (size_t)limit && clock_mono_s() >= c->topup_after) {
-                if (lock(c, DB_LOCK_HEADS, limit - (int)got, &c->batch, err, sizeof err) != 0) {
+        if (window(c) == DB_LOCK_RUNS && got < (size_t)limit && bytes_left(c) > 0 &&
+            clock_mono_s() >= c->topup_after) {
+                if (lock(c, DB_LOCK_HEADS, limit - (int)got, bytes_left(c), &c->batch, err,
+                         sizeof err) != 0) {
                         c->unknown = 1;
                         db_batch_clear(&c->batch);
                         goto fail;
@@ -251,9 +260,9 @@ fail:
 static void lock_ahead(struct claims *c, volatile sig_atomic_t *stop) {
         char err[512];
         c->ahead_sent = clock_mono_s();
-        if (*stop || c->ahead_sent < c->ahead_after)
+        if (*stop || c->ahead_sent < c->ahead_after || bytes_left(c) <= 0)
                 return;
-        if (db_lock_send(c->db, window(c), c->cfg->batch_size, err, sizeof err) != 0)
+        if (db_lock_send(c->db, window(c), c->cfg->batch_size, bytes_left(c), err, sizeof err) != 0)
                 log_warn("db", "locking the next batch ahead failed", "err=%s", err);
 }
 

@@ -38,17 +38,20 @@ struct client {
 
 /* After a top-up that found nothing, how long not to try again (as the relay). */
 #define TOPUP_PAUSE_S 1.0
+/* The relay's default OUTBOX_BATCH_BYTES. */
+#define BENCH_BATCH_BYTES 16777216LL
 
 /* The relay's lock of a batch without a lock ahead (relay/claims.c): the
  * window under the guard, topped up with aggregates' heads when short. */
 static int lock_batch(struct db *db, struct db_batch *b, double *topup_after, char *err,
                       size_t size) {
         int unknown;
-        if (db_lock(db, DB_LOCK_RUNS, batch, b, &unknown, err, size) != 0)
+        if (db_lock(db, DB_LOCK_RUNS, batch, BENCH_BATCH_BYTES, b, &unknown, err, size) != 0)
                 return -1;
         size_t got = b->count;
         if (got < (size_t)batch && clock_mono_s() >= *topup_after) {
-                if (db_lock(db, DB_LOCK_HEADS, batch - (int)got, b, &unknown, err, size) != 0)
+                if (db_lock(db, DB_LOCK_HEADS, batch - (int)got, BENCH_BATCH_BYTES, b, &unknown,
+                            err, size) != 0)
                         return -1;
                 if (b->count == got)
                         *topup_after = clock_mono_s() + TOPUP_PAUSE_S;

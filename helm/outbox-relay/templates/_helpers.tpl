@@ -121,6 +121,7 @@ the render instead of being silently ignored).
 {{- define "outbox-relay.configEnvNames" -}}
 table: OUTBOX_TABLE
 batchSize: OUTBOX_BATCH_SIZE
+batchBytes: OUTBOX_BATCH_BYTES
 pollIntervalMs: OUTBOX_POLL_INTERVAL_MS
 ordering: OUTBOX_ORDERING
 maxAttempts: OUTBOX_MAX_ATTEMPTS
