@@ -18,6 +18,9 @@ is measured in this one run:
   6 hot       200k events over 10 aggregates
   7 blocked   (beyond the issue) 20k events drained while 100k versions wait
               behind one DEAD row, without and with the sweeper's parking
+  8 big       1500 events of ~900 kB JSON each (message.max.bytes 2000000,
+              defaults otherwise) on Apache Kafka: the relay's peak RSS (bounded
+              by OUTBOX_BATCH_BYTES) and its rate
   D debezium  outbox-relay against Debezium on a PostgreSQL and an Apache Kafka
               broker of its own (tests/bench/debezium/compare.py, rows D1-D5)
 
@@ -93,6 +96,7 @@ class Db:
         # Fixed part of the payload is ~150 bytes; the note pads it with hex
         # (md5 of the row number: half compressible, like real ids/text).
         pad = max(0, payload_bytes - 150)
+        reps = pad // 32 + 1
         sql = """
         INSERT INTO {t} (aggregate_type, aggregate_id, aggregate_version, event_type,
                          payload_json, occurred_at, available_at, created_at)
@@ -100,7 +104,7 @@ class Db:
                jsonb_build_object('order_id', 'order-' || (g %% %(a)s), 'seq', g,
                    'status', 'CONFIRMED', 'currency', 'EUR', 'amount', (g %% 100000) / 100.0,
                    'customer', jsonb_build_object('id', 'c-' || (g %% 7919), 'tier', 'gold'),
-                   'note', left(repeat(md5(g::text), 40), %(pad)s)),
+                   'note', left(repeat(md5(g::text), %(reps)s), %(pad)s)),
                ts, ts, ts
         FROM (SELECT g, now() - interval '1 hour' + g * interval '1 microsecond' AS ts
               FROM generate_series(%(lo)s, %(hi)s) g) x
@@ -108,7 +112,7 @@ class Db:
         with s.conn.cursor() as cur:
             for lo in range(0, n, chunk):
                 hi = min(n, lo + chunk) - 1
-                cur.execute(sql, {"a": aggregates, "pad": pad, "lo": lo, "hi": hi})
+                cur.execute(sql, {"a": aggregates, "pad": pad, "reps": reps, "lo": lo, "hi": hi})
             cur.execute("VACUUM (ANALYZE) %s" % s.table)
             if self.checkpoint:
                 cur.execute("CHECKPOINT")
@@ -388,7 +392,7 @@ class Bench:
         return sum(RssSampler.cpu_s(p) for p in pids)
 
     @contextlib.contextmanager
-    def broker(self, partitions, kind="mock"):
+    def broker(self, partitions, kind="mock", topic_config=None):
         """A broker with an empty topic of `partitions` for one run: a fresh
         mock cluster, or a fresh topic on the bench's Apache Kafka node (a JVM
         with its heap and JIT warm from the runs before, as in production).
@@ -412,7 +416,7 @@ class Bench:
             self.warm_up(partitions)
         prefix = "bench.run%d" % next(self.topics)
         topic = prefix + ".Order"  # OUTBOX_TOPIC_TEMPLATE below, aggregate_type Order
-        self.apache.create_topic(topic, partitions)
+        self.apache.create_topic(topic, partitions, config=topic_config)
         yield Broker(kind, self.apache.bootstrap, self.apache.pid(1), topic,
                      {"OUTBOX_TOPIC_TEMPLATE": prefix + ".{aggregate_type}"})
 
@@ -475,18 +479,19 @@ class Bench:
 
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
-                    check_order=False, rep=0, prepare=None, broker="mock"):
+                    check_order=False, rep=0, prepare=None, broker="mock",
+                    payload_bytes=PAYLOAD_BYTES, env=None, topic_config=None):
         n = n or self.n
         aggregates = aggregates or self.args.aggregates
         s = self.db.new_table("%s%d" % (name, instances))
-        self.db.load(s, n, aggregates)
+        self.db.load(s, n, aggregates, payload_bytes=payload_bytes)
         extra = prepare(s) if prepare else {}
-        with self.broker(self.args.partitions, broker) as kafka:
+        with self.broker(self.args.partitions, broker, topic_config) as kafka:
             load = loadavg()
             t0 = time.monotonic()
             broker_cpu0 = RssSampler.cpu_s(kafka.pid)
             cw = CpuWindow(self.pg.dir, [kafka.pid])
-            rel = Relays(self, s, instances, kafka, name, kafka.env)
+            rel = Relays(self, s, instances, kafka, name, {**kafka.env, **(env or {})})
             try:
                 done = rel.wait_published(n, time_box or 600)
                 mem_cpu = cw.stop()
@@ -777,6 +782,11 @@ def table(res):
                       "s" if r["instances"] > 1 else "",
                       "" if r["complete"] else ", time-boxed %.0f s" % r["wall_s"],
                       r["fsync"], r["rows_per_s"], r["avg_batch"], g2, r["load"]))
+    for r in find(row="big"):
+        out.append("| 8 | %d events of ~%.0f kB, 1 instance, Apache Kafka, message.max.bytes 2000000 | %s | VmHWM %.1f MiB, %.1f rows/s (avg batch %.1f)%s | < 128 MiB | %s |"
+                   % (r["events"], r.get("payload_kb", 900), r["fsync"], r["hwm_mib"],
+                      r["rows_per_s"], r["avg_batch"],
+                      "" if r["complete"] else ", time-boxed %.0f s" % r["wall_s"], r["load"]))
     return "\n".join(out)
 
 
@@ -800,7 +810,7 @@ def main():
                     help="size of the extra hot run whose messages are read back for G2 (0: none)")
     ap.add_argument("--hot-seconds", type=float, default=60,
                     help="time box of the hot-aggregate run")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7,D", help="rows to measure, e.g. 2,6")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,D", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
     ap.add_argument("--brokers", default="mock,apache",
                     help="brokers for rows 2 and 4: mock (librdkafka's mock cluster), apache "
@@ -863,6 +873,13 @@ def main():
                     b.relay_drain(1, aggregates=args.hot_aggregates, name="hot",
                                   time_box=args.hot_seconds, n=args.hot_check_events,
                                   check_order=True)
+        if "8" in only:
+            # The workload that took a relay to 873 MiB when batches were
+            # bounded by rows only.
+            b.relay_drain(1, name="big", n=1500, aggregates=1500, payload_bytes=900000,
+                          broker="apache", time_box=600,
+                          env={"OUTBOX_KAFKA_MESSAGE_MAX_BYTES": "2000000"},
+                          topic_config={"max.message.bytes": "3000000"})
         if "D" in only:
             b.results["debezium"] = debezium_rows.run(debezium_rows.options(
                 args, os.path.join(b.out_dir, "debezium"), b.relay_bin, b.relay_env,
