@@ -421,7 +421,7 @@ class KafkaCluster:
     SCRIPT = os.path.join(repo_root(), "deploy", "local", "kafka")
 
     def __init__(self, nodes=1, sasl=False, dir=None, timeout=180, controller=False,
-                 settings=None):
+                 settings=None, version=None):
         self.nodes = nodes
         self.owned = dir is None
         self.dir = dir or _tmpdir("outbox-kafka-")
@@ -429,6 +429,7 @@ class KafkaCluster:
             shutil.rmtree(self.dir)  # the script makes it
             args = [self.SCRIPT, "start", self.dir, str(nodes)] + (["--sasl"] if sasl else [])
             args += ["--controller"] if controller else []
+            args += ["--version", version] if version else []
             for k, v in (settings or {}).items():
                 args += ["--set", "%s=%s" % (k, v)]
             r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
