@@ -30,6 +30,8 @@ import sys
 import time
 import urllib.parse
 
+import psycopg2
+import psycopg2.extras
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
@@ -115,6 +117,42 @@ def sweeper_env(db, name, **extra):
                     OUTBOX_SWEEP_INTERVAL_S=1, OUTBOX_RETENTION_S=0)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def write_out_of_order(db, rows, chunk=1000, delay=0.05, pause=0.0):
+    """Inserts rows (in make_events order: version v of every aggregate, then
+    v+1) in transactions of `chunk` rows and commits each pair of consecutive
+    transactions in reverse order: the later versions of every aggregate in
+    the pair become visible `delay` s before the earlier ones, which were
+    inserted first (late commits, and gaps, on purpose); `pause` s between
+    pairs. Returns the number of reversed pairs."""
+    cols = ("aggregate_type", "aggregate_id", "aggregate_version", "event_type",
+            "payload_json")
+    sql = "INSERT INTO %s (%s) VALUES %%s" % (db.table, ", ".join(cols))
+
+    def insert(conn, part):
+        values = [tuple(psycopg2.extras.Json(r[c]) if c == "payload_json" else r[c]
+                        for c in cols) for r in part]
+        with conn.cursor() as cur:
+            psycopg2.extras.execute_values(cur, sql, values, page_size=1000)
+
+    pairs = 0
+    for i in range(0, len(rows), 2 * chunk):
+        early, late = rows[i:i + chunk], rows[i + chunk:i + 2 * chunk]
+        c1, c2 = psycopg2.connect(db.pg.url), psycopg2.connect(db.pg.url)
+        try:
+            insert(c1, early)  # first to write: the older transaction
+            if late:
+                insert(c2, late)
+                c2.commit()  # ... but the later versions commit first
+                pairs += 1
+                time.sleep(delay)
+            c1.commit()
+        finally:
+            c1.close()
+            c2.close()
+        time.sleep(pause)
+    return pairs
 
 
 def cpu_seconds(pid):

@@ -1,7 +1,8 @@
 """Scenario 2 (G1, G2, G3): a relay SIGKILLed again and again while it
 publishes; the sweeper (3 s lock timeout) returns the locks it held; a last
-relay finishes. Nothing is lost, order holds, and an event is on Kafka twice
-only if its row was locked again after a STALE_LOCK reset.
+relay finishes, while a writer commits most events in transactions out of
+version order on purpose. Nothing is lost, order holds, and an event is on
+Kafka twice only if its row was locked again after a STALE_LOCK reset.
 
 Broker: Apache Kafka (tests/run's). Every other kill lands while the broker is
 stopped (SIGSTOP) after the victim locked: its batch is then surely produced
@@ -9,10 +10,11 @@ and unacknowledged, and whatever it had sent is appended once the broker
 resumes, after the victim is gone."""
 import contextlib
 import signal
+import threading
 import time
 
 from conftest import (check_audit, check_kafka, db_lag_s, relay_env, sweeper_env,
-                      wait_quiet)
+                      wait_quiet, write_out_of_order)
 from harness import Relay, make_events, wait_until
 
 LOCK_TIMEOUT_S = 3
@@ -38,7 +40,14 @@ def test_sigkill_during_publishing(db, kafka, tmp_path, report):
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     rows = make_events(aggregates=150, versions=40, aggregate_type="Order")
-    db.insert_events(rows)
+    half = len(rows) // 10
+    db.insert_events(rows[:half])
+    # The rest comes while the kills go on, from a writer whose
+    # transactions commit out of version order on purpose.
+    pairs = []
+    writer = threading.Thread(target=lambda: pairs.append(
+        write_out_of_order(db, rows[half:], chunk=300, delay=0.5, pause=0.3)))
+    writer.start()
     sweeper = Relay("outbox-sweeper", name="sweeper-1", log_dir=tmp_path,
                     env=sweeper_env(db, "sweeper-1", OUTBOX_LOCK_TIMEOUT_S=LOCK_TIMEOUT_S))
     kills = []
@@ -65,6 +74,8 @@ def test_sigkill_during_publishing(db, kafka, tmp_path, report):
             if sum(1 for x in kills if x[4] > 0) >= MID_BATCH_KILLS or \
                     db.status_counts()["PUBLISHED"] > len(rows) * 0.8:
                 break  # enough, and keep work for the survivors
+        writer.join(60)
+        assert not writer.is_alive() and pairs, "the writer did not finish"
         final = Relay("outbox-relay", name="final", log_dir=tmp_path,
                       env=relay_env(db, kafka, "final", OUTBOX_BATCH_SIZE=100))
         started.append(final)
@@ -94,10 +105,11 @@ def test_sigkill_during_publishing(db, kafka, tmp_path, report):
     kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
     assert not problems, problems
     assert len(kc.ids) == len(rows)
-    report("%d events; %d SIGKILLs (victim, delay s, broker, rows locked, locks left): %s; "
+    report("%d events (9/10 from a writer committing %d transaction pairs in reverse version "
+           "order); %d SIGKILLs (victim, delay s, broker, rows locked, locks left): %s; "
            "sweeper reset %d stale locks, %d rows re-locked after a reset; all PUBLISHED; "
            "kafka: %d messages, %d distinct, %d duplicate copies of %d events (all re-locked "
            "after STALE_LOCK); order ok; max lag %.2fs (kafka), %.2fs (table)",
-           len(rows), len(kills), kills, resets, len(audit.relocked_after_stale),
+           len(rows), pairs[0], len(kills), kills, resets, len(audit.relocked_after_stale),
            len(kc.msgs), len(kc.ids), kc.extra_copies, len(kc.dups), kc.max_lag_s,
            db_lag_s(db))
