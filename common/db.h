@@ -203,6 +203,15 @@ enum db_row_status {
 /* The status column's values: db_row_status_names[DB_ROW_PUBLISHED] is "PUBLISHED". */
 extern const char *const db_row_status_names[DB_ROW_STATUS_COUNT];
 
+/* The planner's estimate of the unpublished rows (what the guard's probes
+ * choose their index by). 0, or -1 with errstr set. */
+int db_planned_unpublished(struct db *db, double *rows, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* ANALYZE on the table. 0, or -1 with errstr set (also when this role is
+ * neither the table's owner nor a superuser: PostgreSQL would only warn). */
+int db_analyze(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
 /* One query for the table gauges: counts by status (PUBLISHED from the
  * statistics collector's live-row count, the others exact) and the age in
  * seconds of the oldest PENDING or FAILED row (0 when none). */

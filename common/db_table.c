@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "db_internal.h"
 #include "errstr.h"
@@ -24,6 +25,9 @@ enum {
         S_PARK,
         S_UNPARK,
         S_SAMPLE,
+        S_PLANNED_UNPUBLISHED,
+        S_ANALYZE,
+        S_MAY_ANALYZE,
 #ifdef OUTBOX_TEST_HOOKS
         S_TEST_SLEEP,
 #endif
@@ -185,6 +189,17 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                       " coalesce(extract(epoch FROM now() - min(created_at)"
                       "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
                       " FROM %1$s WHERE published_at IS NULL"},
+        /* How many unpublished rows the planner believes there are: the
+         * guard's probes choose their index by it. */
+        [S_PLANNED_UNPUBLISHED] = {"planned_unpublished", "planner estimate", 0,
+                                   "EXPLAIN (FORMAT JSON) SELECT 1 FROM %1$s"
+                                   " WHERE published_at IS NULL"},
+        [S_ANALYZE] = {"analyze", "analyze", 0, "ANALYZE %1$s"},
+        /* ANALYZE by anyone else only warns that it skipped the table. */
+        [S_MAY_ANALYZE] = {"may_analyze", "may analyze", 0,
+                           "SELECT pg_has_role((SELECT relowner FROM pg_class"
+                           " WHERE oid = '%1$s'::regclass), 'USAGE')"
+                           " OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"},
 #ifdef OUTBOX_TEST_HOOKS
         /* A sample as slow as a large backlog makes it. */
         [S_TEST_SLEEP] = {"test_sleep", "test hook", 1, "SELECT pg_sleep($1 / 1000.0)"},
@@ -316,4 +331,39 @@ int db_sample(struct db *db, double counts[DB_ROW_STATUS_COUNT], double *oldest_
         *oldest_age_s = strtod(PQgetvalue(r, 0, DB_ROW_STATUS_COUNT), NULL);
         PQclear(r);
         return 0;
+}
+
+int db_planned_unpublished(struct db *db, double *rows, char *errstr, size_t errstr_size) {
+        *rows = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        PGresult *r = db_run(db, &db_table_stmts[S_PLANNED_UNPUBLISHED], NULL, PGRES_TUPLES_OK,
+                             errstr, errstr_size);
+        if (!r)
+                return -1;
+        /* the server's own JSON: the first "Plan Rows" is the scan's */
+        const char *p = PQntuples(r) ? strstr(PQgetvalue(r, 0, 0), "\"Plan Rows\":") : NULL;
+        int rc = p ? 0 : errstr_set(errstr, errstr_size, "planner estimate: no Plan Rows");
+        if (p)
+                *rows = strtod(p + strlen("\"Plan Rows\":"), NULL);
+        PQclear(r);
+        return rc;
+}
+
+int db_analyze(struct db *db, char *errstr, size_t errstr_size) {
+        if (!db_connected(db))
+                return errstr_set(errstr, errstr_size, "not connected");
+        PGresult *may = db_run(db, &db_table_stmts[S_MAY_ANALYZE], NULL, PGRES_TUPLES_OK, errstr,
+                               errstr_size);
+        if (!may)
+                return -1;
+        int allowed = PQntuples(may) == 1 && !strcmp(PQgetvalue(may, 0, 0), "t");
+        PQclear(may);
+        if (!allowed)
+                return errstr_set(errstr, errstr_size,
+                                  "only the table's owner (or a superuser) may ANALYZE it");
+        PGresult *r =
+                db_run(db, &db_table_stmts[S_ANALYZE], NULL, PGRES_COMMAND_OK, errstr, errstr_size);
+        PQclear(r);
+        return r ? 0 : -1;
 }

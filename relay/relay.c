@@ -30,6 +30,14 @@
  * up to GAP_SEEN_MAX, then forgotten all at once). */
 #define GAP_LOG_MAX  20
 #define GAP_SEEN_MAX 1024
+/* The planner's estimate of the unpublished rows is out of date when it is
+ * off by this factor and this many rows; then the relay analyzes the table,
+ * at most every STATS_ANALYZE_EVERY_S (every STATS_REFUSED_EVERY_S once it
+ * was refused). */
+#define STATS_OFF_FACTOR      10.0
+#define STATS_OFF_ROWS        10000.0
+#define STATS_ANALYZE_EVERY_S 60.0
+#define STATS_REFUSED_EVERY_S 3600.0
 /* librdkafka's own message timeout may report up to about a second late
  * (timeout scans); messages sent just before every broker went away are not
  * timed out at all by the idempotent producer until it reconnects. Past the
@@ -63,6 +71,7 @@ struct relay {
         struct row_state *rows; /* of the batch being published */
         unsigned seed;
         double next_sample;                         /* no table sample before this (monotonic) */
+        double analyze_after;                       /* no ANALYZE before this (monotonic) */
         unsigned long long gaps_seen[GAP_SEEN_MAX]; /* hashes of gaps logged */
         size_t ngaps_seen;
         int sample_slow; /* the last sample stretched the interval */
@@ -421,6 +430,38 @@ static void sample_gaps(struct relay *r) {
                                  gaps[i].held_version - 1, gaps[i].age_s);
 }
 
+/* Keeps the planner's picture of the backlog true. The guard's probes pick
+ * their index by how many rows it believes unpublished: with statistics taken
+ * while the outbox was empty, a burst's lock statements ran 10 to 20 times
+ * slower (the wrong partial index, scanned whole), until autovacuum analyzed
+ * again, after a tenth of the table changed. */
+static void check_planner_stats(struct relay *r, double unpublished) {
+        char err[512];
+        double planned;
+        double t = clock_mono_s();
+        if (t < r->analyze_after)
+                return;
+        if (db_planned_unpublished(r->db, &planned, err, sizeof err) != 0) {
+                log_debug("db", "planner estimate failed", "err=%s", err);
+                return;
+        }
+        double lo = planned < unpublished ? planned : unpublished;
+        double hi = planned < unpublished ? unpublished : planned;
+        if (hi - lo < STATS_OFF_ROWS || hi < lo * STATS_OFF_FACTOR)
+                return;
+        if (db_analyze(r->db, err, sizeof err) != 0) {
+                log_warn("db", "planner statistics out of date and ANALYZE failed",
+                         "planned_unpublished=%.0f unpublished=%.0f err=%s", planned, unpublished,
+                         err);
+                r->analyze_after = t + STATS_REFUSED_EVERY_S;
+                return;
+        }
+        log_info("db", "planner statistics out of date: analyzed the table",
+                 "planned_unpublished=%.0f unpublished=%.0f seconds=%.3f", planned, unpublished,
+                 clock_mono_s() - t);
+        r->analyze_after = t + STATS_ANALYZE_EVERY_S;
+}
+
 static void sample_table(struct relay *r) {
         double counts[DB_ROW_STATUS_COUNT], age;
         char err[512];
@@ -434,6 +475,8 @@ static void sample_table(struct relay *r) {
         }
         if (r->cfg->ordering == ORDERING_AGGREGATE)
                 sample_gaps(r);
+        check_planner_stats(r, counts[DB_ROW_PENDING] + counts[DB_ROW_PUBLISHING] +
+                                       counts[DB_ROW_FAILED] + counts[DB_ROW_DEAD]);
         double took = clock_mono_s() - t;
         int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
         if (slow)

@@ -18,6 +18,9 @@ is measured in this one run:
   6 hot       200k events over 10 aggregates
   7 blocked   (beyond the issue) 20k events drained while 100k versions wait
               behind one DEAD row, without and with the sweeper's parking
+  9 stale     row 2's drain (1 instance, mock) of a backlog that came after
+              the planner's statistics were taken on an all-published table
+              (autovacuum analyzed while the outbox was idle)
   8 big       1500 events of ~900 kB JSON each (message.max.bytes 2000000,
               defaults otherwise) on Apache Kafka: the relay's peak RSS (bounded
               by OUTBOX_BATCH_BYTES) and its rate
@@ -87,7 +90,7 @@ class Db:
         self.schemas.append(s)
         return s
 
-    def load(self, s, n, aggregates, payload_bytes=PAYLOAD_BYTES, chunk=50000):
+    def load(self, s, n, aggregates, payload_bytes=PAYLOAD_BYTES, chunk=50000, stale=False):
         """n rows, round robin over `aggregates` aggregates (version = g / aggregates
         + 1), ~payload_bytes of JSON each; due times 1 us apart in insert order, in
         the past. VACUUM (ANALYZE) and CHECKPOINT after, so neither they nor an
@@ -110,10 +113,18 @@ class Db:
               FROM generate_series(%(lo)s, %(hi)s) g) x
         """.format(t=s.table)
         with s.conn.cursor() as cur:
+            if stale:
+                # statistics of an idle outbox: every row published
+                cur.execute(sql.replace("now() - interval '1 hour'", "now() - interval '2 hours'"),
+                            {"a": aggregates, "pad": pad, "reps": reps, "lo": -n, "hi": -1})
+                cur.execute("UPDATE %s SET status = 'PUBLISHED', published_at = now()"
+                            " WHERE published_at IS NULL" % s.table)
+                cur.execute("VACUUM (ANALYZE) %s" % s.table)
             for lo in range(0, n, chunk):
                 hi = min(n, lo + chunk) - 1
                 cur.execute(sql, {"a": aggregates, "pad": pad, "reps": reps, "lo": lo, "hi": hi})
-            cur.execute("VACUUM (ANALYZE) %s" % s.table)
+            if not stale:  # (a burst arrives before autovacuum looks again)
+                cur.execute("VACUUM (ANALYZE) %s" % s.table)
             if self.checkpoint:
                 cur.execute("CHECKPOINT")
             cur.execute("SELECT avg(octet_length(payload_json::text)) FROM %s" % s.table)
@@ -480,11 +491,11 @@ class Bench:
     # 2 and 5
     def relay_drain(self, instances, aggregates=None, name="relay", time_box=None, n=None,
                     check_order=False, rep=0, prepare=None, broker="mock",
-                    payload_bytes=PAYLOAD_BYTES, env=None, topic_config=None):
+                    payload_bytes=PAYLOAD_BYTES, env=None, topic_config=None, stale=False):
         n = n or self.n
         aggregates = aggregates or self.args.aggregates
         s = self.db.new_table("%s%d" % (name, instances))
-        self.db.load(s, n, aggregates, payload_bytes=payload_bytes)
+        self.db.load(s, n, aggregates, payload_bytes=payload_bytes, stale=stale)
         extra = prepare(s) if prepare else {}
         with self.broker(self.args.partitions, broker, topic_config) as kafka:
             load = loadavg()
@@ -782,6 +793,11 @@ def table(res):
                       "s" if r["instances"] > 1 else "",
                       "" if r["complete"] else ", time-boxed %.0f s" % r["wall_s"],
                       r["fsync"], r["rows_per_s"], r["avg_batch"], g2, r["load"]))
+    for r in find(row="stale"):
+        out.append("| 9 | %dk events / %d aggregates after statistics of an all-published table, 1 instance, mock | %s | %.0f rows/s (avg batch %.0f), PostgreSQL %.0f us/row | (document) | %s |"
+                   % (r["events"] // 1000, r["aggregates"], r["fsync"], r["rows_per_s"],
+                      r["avg_batch"], r["pg_cpu_s"] / r["rows"] * 1e6 if r["rows"] else 0,
+                      r["load"]))
     for r in find(row="big"):
         out.append("| 8 | %d events of ~%.0f kB, 1 instance, Apache Kafka, message.max.bytes 2000000 | %s | VmHWM %.1f MiB, %.1f rows/s (avg batch %.1f)%s | < 128 MiB | %s |"
                    % (r["events"], r.get("payload_kb", 900), r["fsync"], r["hwm_mib"],
@@ -810,7 +826,7 @@ def main():
                     help="size of the extra hot run whose messages are read back for G2 (0: none)")
     ap.add_argument("--hot-seconds", type=float, default=60,
                     help="time box of the hot-aggregate run")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,D", help="rows to measure, e.g. 2,6")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,9,D", help="rows to measure, e.g. 2,6")
     ap.add_argument("--no-fsync-on", action="store_true", help="skip the fsync=on pass")
     ap.add_argument("--brokers", default="mock,apache",
                     help="brokers for rows 2 and 4: mock (librdkafka's mock cluster), apache "
@@ -873,6 +889,8 @@ def main():
                     b.relay_drain(1, aggregates=args.hot_aggregates, name="hot",
                                   time_box=args.hot_seconds, n=args.hot_check_events,
                                   check_order=True)
+        if "9" in only:
+            b.relay_drain(1, name="stale", n=min(args.events, 100000), stale=True, time_box=600)
         if "8" in only:
             # The workload that took a relay to 873 MiB when batches were
             # bounded by rows only.
