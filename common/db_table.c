@@ -207,39 +207,41 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
 };
 const size_t db_table_stmt_count = S_COUNT;
 
-static int counts_of(struct db *db, int stmt, const char *const *params, long long *a, long long *b,
-                     char *errstr, size_t size);
+/* A statement's integer parameters ($1 .. $3) as text. */
+struct int_params {
+        char text[3][24];
+        const char *p[3];
+};
+
+static const char *const *int_params(struct int_params *ip, long long a, long long b, long long c) {
+        long long v[3] = {a, b, c};
+        for (int i = 0; i < 3; i++) {
+                snprintf(ip->text[i], sizeof ip->text[i], "%lld", v[i]);
+                ip->p[i] = ip->text[i];
+        }
+        return ip->p;
+}
 
 /* Runs a row-count statement with up to two integer parameters. */
 static int run_count(struct db *db, int stmt, long long p1, long long p2, long long *n,
                      char *errstr, size_t size) {
-        char a[24], b[24];
-        const char *params[2] = {a, b};
+        struct int_params ip;
         *n = 0;
         if (!db_connected(db))
                 return errstr_set(errstr, size, "not connected");
-        snprintf(a, sizeof a, "%lld", p1);
-        snprintf(b, sizeof b, "%lld", p2);
-        return db_run_count(db, &db_table_stmts[stmt], params, n, errstr, size);
+        return db_run_count(db, &db_table_stmts[stmt], int_params(&ip, p1, p2, 0), n, errstr, size);
 }
 
-int db_reset_stale(struct db *db, int lock_timeout_s, int max_attempts, int limit, long long *n,
-                   long long *dead, char *errstr, size_t errstr_size) {
-        char a[24], b[24], c[24];
-        const char *params[3] = {a, b, c};
-        *n = *dead = 0;
+/* Runs a statement with up to three integer parameters that returns one row
+ * of two counts. */
+static int counts_of(struct db *db, int stmt, long long p1, long long p2, long long p3,
+                     long long *a, long long *b, char *errstr, size_t size) {
+        struct int_params ip;
+        *a = *b = 0;
         if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        snprintf(a, sizeof a, "%d", lock_timeout_s);
-        snprintf(b, sizeof b, "%d", limit);
-        snprintf(c, sizeof c, "%d", max_attempts);
-        return counts_of(db, S_RESET_STALE, params, n, dead, errstr, errstr_size);
-}
-
-/* Runs a statement that returns one row of two counts. */
-static int counts_of(struct db *db, int stmt, const char *const *params, long long *a, long long *b,
-                     char *errstr, size_t size) {
-        PGresult *r = db_run(db, &db_table_stmts[stmt], params, PGRES_TUPLES_OK, errstr, size);
+                return errstr_set(errstr, size, "not connected");
+        PGresult *r = db_run(db, &db_table_stmts[stmt], int_params(&ip, p1, p2, p3),
+                             PGRES_TUPLES_OK, errstr, size);
         if (!r)
                 return -1;
         if (PQntuples(r) != 1 || PQnfields(r) != 2) {
@@ -252,17 +254,16 @@ static int counts_of(struct db *db, int stmt, const char *const *params, long lo
         return 0;
 }
 
+int db_reset_stale(struct db *db, int lock_timeout_s, int max_attempts, int limit, long long *n,
+                   long long *dead, char *errstr, size_t errstr_size) {
+        return counts_of(db, S_RESET_STALE, lock_timeout_s, limit, max_attempts, n, dead, errstr,
+                         errstr_size);
+}
+
 int db_delete_published(struct db *db, long long retention_s, int limit, int keep_latest,
                         long long *deleted, long long *seen, char *errstr, size_t errstr_size) {
-        char a[24], b[24];
-        const char *params[2] = {a, b};
-        *deleted = *seen = 0;
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        snprintf(a, sizeof a, "%lld", retention_s);
-        snprintf(b, sizeof b, "%d", limit);
-        return counts_of(db, keep_latest ? S_DELETE_KEEP_LATEST : S_DELETE_PUBLISHED, params,
-                         deleted, seen, errstr, errstr_size);
+        return counts_of(db, keep_latest ? S_DELETE_KEEP_LATEST : S_DELETE_PUBLISHED, retention_s,
+                         limit, 0, deleted, seen, errstr, errstr_size);
 }
 
 int db_version_gaps(struct db *db, int min_age_s, struct db_gap *gaps, size_t max, size_t *n,

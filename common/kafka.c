@@ -201,25 +201,28 @@ fail:
  * with errstr naming the setting. */
 static int check_guarantees(const struct config *cfg, rd_kafka_conf_t *conf, char *errstr,
                             size_t errstr_size) {
+        /* value NULL: any non-empty value is refused */
+        static const struct {
+                const char *name, *value, *why;
+        } refused[] = {
+                {"transactional.id", NULL,
+                 "transactional.id is not supported (the relay publishes with an idempotent, "
+                 "non-transactional producer)"},
+                {"partitioner", "random",
+                 "partitioner=random spreads one aggregate over partitions and breaks "
+                 "per-aggregate order"},
+        };
         char v[64];
-        size_t vs = sizeof v;
+        size_t vs;
         const char *src;
-        if (rd_kafka_conf_get(conf, "transactional.id", v, &vs) == RD_KAFKA_CONF_OK && *v) {
-                src = user_source(cfg, "transactional.id");
-                snprintf(errstr, errstr_size,
-                         "%s: transactional.id is not supported (the relay publishes with an "
-                         "idempotent, non-transactional producer)",
-                         src ? src : "transactional.id");
-                return -1;
-        }
-        vs = sizeof v;
-        if (rd_kafka_conf_get(conf, "partitioner", v, &vs) == RD_KAFKA_CONF_OK &&
-            !strcmp(v, "random")) {
-                src = user_source(cfg, "partitioner");
-                snprintf(errstr, errstr_size,
-                         "%s: partitioner=random spreads one aggregate over partitions and "
-                         "breaks per-aggregate order",
-                         src ? src : "partitioner");
+        for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+                vs = sizeof v;
+                if (rd_kafka_conf_get(conf, refused[i].name, v, &vs) != RD_KAFKA_CONF_OK || !*v ||
+                    (refused[i].value && strcmp(v, refused[i].value)))
+                        continue;
+                src = user_source(cfg, refused[i].name);
+                snprintf(errstr, errstr_size, "%s: %s", src ? src : refused[i].name,
+                         refused[i].why);
                 return -1;
         }
         vs = sizeof v;

@@ -9,23 +9,17 @@ timings and /readyz checks here rely on. Apache Kafka brokers going down,
 hanging and failing over are in test_cluster.py; a hung Apache Kafka broker
 holds the batch in flight in test_row_updated_in_flight_is_still_marked."""
 import time
-import urllib.request
 
 from conftest import (DELIVERY_TIMEOUT_MS, check_audit, check_kafka, cpu_seconds, db_lag_s,
                       relay_env, wait_quiet)
-from harness import Relay, free_port, make_events, wait_until
+from harness import Relay, http_status, free_port, make_events, wait_until
 
 BACKOFF_INITIAL_MS = 1000
 BACKOFF_MAX_MS = 4000
 DOWN_S = 11  # > 3 delivery timeouts of 3 s
 
 
-def readyz(port):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % port, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+readyz = http_status  # the endpoint these tests watch is /readyz
 
 
 def expected_backoff_ms(attempt):

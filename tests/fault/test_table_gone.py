@@ -4,23 +4,14 @@ an operator): the relay reports not-ready, backs off like a lost connection
 again, or renamed back) it publishes again. The relay works on whatever
 OUTBOX_TABLE names: after a rename it waits for a table of that name."""
 import re
-import urllib.error
-import urllib.request
 
 import pytest
 
 from conftest import relay_env
-from harness import Relay, free_port, make_events, wait_until, _migrations
+from harness import Relay, http_status, free_port, make_events, wait_until, _migrations
 
 
-def readyz(addr):
-    try:
-        with urllib.request.urlopen("http://%s/readyz" % addr, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
+readyz = http_status  # the endpoint these tests watch is /readyz
 
 
 def recreate(db):

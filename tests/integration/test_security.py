@@ -20,13 +20,12 @@ import ctypes
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from conftest import relay_env
-from harness import KafkaCluster, Relay, free_port, header, make_events, read_topics, wait_until
+from harness import (KafkaCluster, Relay, free_port, header, http_status, make_events,
+                     read_topics, wait_until)
 
 # kafka-python's TLS set-up uses a constant Python 3.10 deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLS:DeprecationWarning")
@@ -84,12 +83,7 @@ def readback(broker, topic):
         "ssl_cafile": broker.ca_path})
 
 
-def readyz(port):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/readyz" % port, timeout=2) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
+readyz = http_status  # the endpoint these tests watch is /readyz
 
 
 def cpu_seconds(pid):

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 import psycopg2
 import psycopg2.extras
@@ -48,7 +50,7 @@ import psycopg2.extras
 from kafka_dump import read_topics  # noqa: F401  (re-exported)
 
 __all__ = [
-    "repo_root", "build_dir", "bin_path", "have_binary", "free_port", "wait_until",
+    "repo_root", "build_dir", "bin_path", "have_binary", "free_port", "wait_until", "http_status",
     "Postgres", "TestSchema", "KafkaCluster", "MockBroker", "MockBrokerError", "Relay",
     "read_topics", "header", "check_order", "count_duplicates", "duplicates",
 ]
@@ -117,6 +119,19 @@ def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
             raise AssertionError("timed out after %.1fs waiting for %s (last: %r)"
                                  % (timeout, what, last))
         time.sleep(interval)
+
+
+def http_status(where, path="/readyz"):
+    """The HTTP status a daemon's endpoint answers: `where` is a port on
+    127.0.0.1 or "host:port"; None when nothing answers."""
+    addr = "127.0.0.1:%d" % where if isinstance(where, int) else where
+    try:
+        with urllib.request.urlopen("http://%s%s" % (addr, path), timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
 
 
 def _read_log(path):
