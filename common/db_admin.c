@@ -500,20 +500,23 @@ int db_admin_stats(struct db *db, struct db_rows **counts, struct db_rows **olde
         return query_rows(db, &db_admin_stmts[A_STATS_OLDEST], NULL, oldest, errstr, errstr_size);
 }
 
-int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
-                  size_t errstr_size) {
+/* query_rows() of a statement whose one parameter is a row limit. */
+static int limited_rows(struct db *db, const struct db_stmt *s, long long limit,
+                        struct db_rows **out, char *errstr, size_t size) {
         char lim[24];
         const char *params[1] = {lim};
         snprintf(lim, sizeof lim, "%lld", limit);
-        return query_rows(db, &db_admin_stmts[A_DEAD], params, out, errstr, errstr_size);
+        return query_rows(db, s, params, out, errstr, size);
+}
+
+int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
+                  size_t errstr_size) {
+        return limited_rows(db, &db_admin_stmts[A_DEAD], limit, out, errstr, errstr_size);
 }
 
 int db_admin_gaps(struct db *db, long long limit, struct db_rows **out, char *errstr,
                   size_t errstr_size) {
-        char lim[24];
-        const char *params[1] = {lim};
-        snprintf(lim, sizeof lim, "%lld", limit);
-        return query_rows(db, &db_admin_stmts[A_GAPS], params, out, errstr, errstr_size);
+        return limited_rows(db, &db_admin_stmts[A_GAPS], limit, out, errstr, errstr_size);
 }
 
 int db_admin_requeue(struct db *db, const struct db_requeue *q, long long *moved, long long *freed,
@@ -815,8 +818,5 @@ int db_reconcile_examples(struct db *db, enum db_reconcile_kind kind, long long 
                                    [DB_RC_REORDERS] = C_REORDERS,
                                    [DB_RC_DUPLICATES] = C_DUPLICATES,
                                    [DB_RC_UNKNOWN] = C_UNKNOWN};
-        char lim[24];
-        const char *params[1] = {lim};
-        snprintf(lim, sizeof lim, "%lld", limit);
-        return query_rows(db, &reconcile_stmts[stmt[kind]], params, out, errstr, errstr_size);
+        return limited_rows(db, &reconcile_stmts[stmt[kind]], limit, out, errstr, errstr_size);
 }

@@ -1,5 +1,6 @@
 /* ctl_args.c - outboxctl's command line. Hand-written: getopt_long knows
- * no subcommands, and each command takes its own subset of the options. */
+ * no subcommands and prints its own errors to stderr (only log does), while
+ * one table of options and commands gives every usage error one line. */
 #include "ctl_args.h"
 
 #include <ctype.h>
@@ -194,7 +195,8 @@ static int digits(const char **p, int n) {
 }
 
 /* RFC 3339: date-time with T (or t, or a space), optional fraction, Z or an
- * offset. */
+ * offset. Not strptime(): it takes no fraction, and its %z differs between C
+ * libraries. */
 static int parse_rfc3339(const char *s, long long *ms) {
         static const int mdays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
         const char *p = s;

@@ -27,24 +27,26 @@ int ctl_stats(struct ctl *c) {
         return rc;
 }
 
-int ctl_dead(struct ctl *c) {
+/* A listing with a --limit: dead, gaps. */
+typedef int(listing_fn)(struct db *db, long long limit, struct db_rows **out, char *errstr,
+                        size_t errstr_size);
+
+static int listing(struct ctl *c, const char *what, listing_fn *fn) {
         struct db_rows *r = NULL;
         char err[512];
-        if (db_admin_dead(c->db, c->args->limit, &r, err, sizeof err) != 0)
-                return failed("dead", err);
+        if (fn(c->db, c->args->limit, &r, err, sizeof err) != 0)
+                return failed(what, err);
         ctl_print_table(stdout, r);
         db_rows_free(r);
         return 0;
 }
 
+int ctl_dead(struct ctl *c) {
+        return listing(c, "dead", db_admin_dead);
+}
+
 int ctl_gaps(struct ctl *c) {
-        struct db_rows *r = NULL;
-        char err[512];
-        if (db_admin_gaps(c->db, c->args->limit, &r, err, sizeof err) != 0)
-                return failed("gaps", err);
-        ctl_print_table(stdout, r);
-        db_rows_free(r);
-        return 0;
+        return listing(c, "gaps", db_admin_gaps);
 }
 
 int ctl_requeue(struct ctl *c) {

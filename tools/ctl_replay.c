@@ -101,14 +101,16 @@ int ctl_replay(struct ctl *c) {
         for (long long first = 1; first <= aggregates; first += REPLAY_STEP) {
                 long long last = first + REPLAY_STEP - 1;
                 if (a->dry_run) {
+                        /* examples from the first step that has any */
                         struct db_rows *step_ex = NULL;
-                        if (db_replay_plan(c->db, first, last, ex ? 0 : a->examples, &sum, &step_ex,
-                                           err, sizeof err) != 0)
+                        int want = !ex || ex->nrows == 0;
+                        if (db_replay_plan(c->db, first, last, want ? a->examples : 0, &sum,
+                                           &step_ex, err, sizeof err) != 0)
                                 goto fail;
-                        if (!ex)
+                        if (step_ex) {
+                                db_rows_free(ex);
                                 ex = step_ex;
-                        else
-                                db_rows_free(step_ex);
+                        }
                 } else if (run_step(c, first, last, &sum, err, sizeof err) != 0) {
                         goto fail;
                 }

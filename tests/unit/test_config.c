@@ -226,8 +226,7 @@ Test(config, outboxctl_reads_its_own_settings) {
         unsetenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS");     /* only reconcile needs it */
         setenv("OUTBOX_KAFKA_SECURITY_PROTOCOL", "SSL", 1);
         setenv("OUTBOX_TOPIC_TEMPLATE", "orders.{tenant_id}", 1);
-        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s",
-                     err);
+        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s", err);
         cr_assert_eq(cfg.log_format_json, 0, "outboxctl logs text by default");
         cr_assert_eq(config_log_json_hint(CONFIG_CTL, 1, argv), 0);
         cr_assert_eq(config_log_json_hint(CONFIG_RELAY, 1, argv), 1);
@@ -237,8 +236,7 @@ Test(config, outboxctl_reads_its_own_settings) {
         config_destroy(&cfg);
 
         setenv("OUTBOX_LOG_FORMAT", "json", 1);
-        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s",
-                     err);
+        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s", err);
         cr_assert_eq(cfg.log_format_json, 1);
         cr_assert_eq(config_log_json_hint(CONFIG_CTL, 1, argv), 1);
         config_destroy(&cfg);
