@@ -364,6 +364,11 @@ def test_topic_template_and_topic_name(db, kafka, tmp_path):
     assert reconcile(db, kafka, "--topic", own)["missing"] == 0
     out = reconcile(db, kafka, "--topic", "%s.missing" % db.schema)
     assert out["rows"] == 0 and out["topics"][0]["on_kafka"] is False, out
+    # replay selects by topic the same way: t/2 only (the latest version of t)
+    r = outboxctl(ctl_env(db, kafka), "replay", "--since", "1h", "--topic", own, "--dry-run",
+                  expect=0)
+    assert "would replay 1 row(s) of 1 aggregate(s)" in r.stdout, r.stdout
+    assert "Order/t" in r.stdout and db.count("status <> 'PUBLISHED'") == 0
 
 
 def test_connection_string_forms(db, kafka):
