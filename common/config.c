@@ -29,6 +29,8 @@ static const char *const bool_names[] = {"false", "true", NULL};
 #define BOTH    (CONFIG_RELAY | CONFIG_SWEEPER)
 #define RELAY   CONFIG_RELAY
 #define SWEEPER CONFIG_SWEEPER
+#define CTL     CONFIG_CTL
+#define ALL     (BOTH | CTL)
 
 struct opt {
         const char *env; /* OUTBOX_BATCH_SIZE; file key and flag derive from it */
@@ -43,9 +45,9 @@ struct opt {
 
 #define O(f) offsetof(struct config, f)
 static const struct opt opts[] = {
-        {"OUTBOX_DATABASE_URL", T_STR, NULL, O(database_url), BOTH, 0, 0, NULL,
+        {"OUTBOX_DATABASE_URL", T_STR, NULL, O(database_url), ALL, 0, 0, NULL,
          "libpq connection string or URI (required)"},
-        {"OUTBOX_TABLE", T_STR, "outbox_event", O(table), BOTH, 0, 0, NULL,
+        {"OUTBOX_TABLE", T_STR, "outbox_event", O(table), ALL, 0, 0, NULL,
          "outbox table, optionally schema-qualified"},
         {"OUTBOX_RELAY_ID", T_STR, "", O(relay_id), BOTH, 0, 0, NULL,
          "written to locked_by (default hostname-pid)"},
@@ -65,8 +67,9 @@ static const struct opt opts[] = {
          "first retry delay"},
         {"OUTBOX_BACKOFF_MAX_MS", T_INT, "300000", O(backoff_max_ms), RELAY, 1, INT_MAX, NULL,
          "longest retry delay"},
-        {"OUTBOX_TOPIC_TEMPLATE", T_STR, "outbox.event.{aggregate_type}", O(topic_template), RELAY,
-         0, 0, NULL, "topic when topic_name is NULL: {aggregate_type} {event_type} {tenant_id}"},
+        {"OUTBOX_TOPIC_TEMPLATE", T_STR, "outbox.event.{aggregate_type}", O(topic_template),
+         RELAY | CTL, 0, 0, NULL,
+         "topic when topic_name is NULL: {aggregate_type} {event_type} {tenant_id}"},
         {"OUTBOX_VALUE_FORMAT", T_ENUM, "envelope", O(value_format), RELAY, 0, 0,
          value_format_names, "envelope or payload"},
         {"OUTBOX_SERIALIZATION", T_ENUM, "json", O(serialization), RELAY, 0, 0, serialization_names,
@@ -83,10 +86,10 @@ static const struct opt opts[] = {
          "value of the producer header"},
         {"OUTBOX_HTTP_ADDR", T_STR, "0.0.0.0:9464", O(http_addr), BOTH, 0, 0, NULL,
          "host:port for /metrics /healthz /readyz, or off"},
-        {"OUTBOX_LOG_LEVEL", T_ENUM, "info", O(log_level), BOTH, 0, 0, log_level_names,
+        {"OUTBOX_LOG_LEVEL", T_ENUM, "info", O(log_level), ALL, 0, 0, log_level_names,
          "debug, info, warn or error"},
-        {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), BOTH, 0, 0, log_format_names,
-         "json or text"},
+        {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), ALL, 0, 0, log_format_names,
+         "json or text (outboxctl: text by default)"},
         {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), BOTH, 1, INT_MAX, NULL,
          "a PUBLISHING lock older than this is stale (the relay checks its delivery "
          "timeout against it)"},
@@ -108,7 +111,22 @@ static const struct opt opts[] = {
 #endif
 };
 #undef O
-#define NOPTS        (sizeof opts / sizeof opts[0])
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+/* Defaults that differ for one program: outboxctl is read by people at a
+ * terminal, so its lines are text unless OUTBOX_LOG_FORMAT asks for json. */
+static const struct {
+        int programs;
+        const char *env, *def;
+} program_defaults[] = {{CTL, "OUTBOX_LOG_FORMAT", "text"}};
+
+static const char *default_of(const struct opt *o, enum config_program prog) {
+        for (size_t i = 0; i < sizeof program_defaults / sizeof program_defaults[0]; i++)
+                if ((program_defaults[i].programs & (int)prog) &&
+                    !strcmp(program_defaults[i].env, o->env))
+                        return program_defaults[i].def;
+        return o->def;
+}
 #define KAFKA_PREFIX "OUTBOX_KAFKA_"
 
 /* Where each option's winning value came from. */
@@ -202,6 +220,16 @@ static void print_help(FILE *out, enum config_program prog) {
                 "Precedence: flag > environment > file > default. Exit codes: 0 clean stop, 1 "
                 "runtime error, 2 bad configuration.\n",
                 prog == CONFIG_RELAY ? ", required" : "");
+}
+
+void config_print_settings(FILE *out, enum config_program prog) {
+        for (size_t i = 0; i < NOPTS; i++) {
+                if (!(opts[i].programs & (int)prog))
+                        continue;
+                const char *def = default_of(&opts[i], prog);
+                fprintf(out, "  %-28s %-30s %s\n", opts[i].env,
+                        def ? (*def ? def : "(unset)") : "(required)", opts[i].help);
+        }
 }
 
 static int set_source(struct source *s, const char *value, int rank, const char *where) {
@@ -348,7 +376,7 @@ static int log_format_value(const char *v) {
         return -1;
 }
 
-int config_log_json_hint(int argc, char **argv) {
+int config_log_json_hint(enum config_program prog, int argc, char **argv) {
         const char *flag = NULL, *file = NULL;
         for (int a = 1; a < argc; a++) {
                 const char *arg = argv[a];
@@ -369,6 +397,9 @@ int config_log_json_hint(int argc, char **argv) {
         char err[8], line[4096];
         FILE *f = file ? open_file(file, err, sizeof err) : NULL;
         int json = 1; /* the default */
+        for (size_t i = 0; i < NOPTS; i++)
+                if (!strcmp(opts[i].env, "OUTBOX_LOG_FORMAT"))
+                        json = log_format_value(default_of(&opts[i], prog));
         while (f && fgets(line, sizeof line, f)) {
                 char *eq = strchr(line, '=');
                 if (!eq)
@@ -460,12 +491,7 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                                           "OUTBOX_HTTP_ADDR: '%s' is not host:port or off",
                                           cfg->http_addr);
         }
-        if (prog == CONFIG_RELAY) {
-                if (cfg->backoff_initial_ms > cfg->backoff_max_ms)
-                        return errstr_set(errstr, size,
-                                          "OUTBOX_BACKOFF_INITIAL_MS: %d is larger than "
-                                          "OUTBOX_BACKOFF_MAX_MS %d",
-                                          cfg->backoff_initial_ms, cfg->backoff_max_ms);
+        if (prog & (RELAY | CTL)) {
                 const char *t = cfg->topic_template;
                 if (!*t)
                         return errstr_set(errstr, size, "OUTBOX_TOPIC_TEMPLATE: empty");
@@ -478,6 +504,13 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                                         "(known: {aggregate_type} {event_type} {tenant_id})",
                                         p);
                 }
+        }
+        if (prog == CONFIG_RELAY) {
+                if (cfg->backoff_initial_ms > cfg->backoff_max_ms)
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_BACKOFF_INITIAL_MS: %d is larger than "
+                                          "OUTBOX_BACKOFF_MAX_MS %d",
+                                          cfg->backoff_initial_ms, cfg->backoff_max_ms);
                 size_t i;
                 for (i = 0; i < cfg->kafka_cnt; i++)
                         if (strcmp(cfg->kafka[i].name, "bootstrap.servers") == 0 &&
@@ -531,9 +564,11 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
         if (!cfg->kafka)
                 return errstr_set(errstr, errstr_size, "out of memory");
 
-        for (size_t i = 0; i < NOPTS; i++)
-                if (opts[i].def && set_source(&src[i], opts[i].def, 0, "default") != 0)
+        for (size_t i = 0; i < NOPTS; i++) {
+                const char *def = default_of(&opts[i], prog);
+                if (def && set_source(&src[i], def, 0, "default") != 0)
                         goto oom;
+        }
 
         /* Flags first, so --help and --config are known; they win later by rank. */
         for (int a = 1; a < argc; a++) {
@@ -617,7 +652,7 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                 if (v && set_source(&src[i], v, 2, "environment") != 0)
                         goto oom;
         }
-        if (prog == CONFIG_RELAY) {
+        if (prog & (RELAY | CTL)) {
                 for (char **e = environ; e && *e; e++) {
                         if (strncmp(*e, KAFKA_PREFIX, strlen(KAFKA_PREFIX)) != 0)
                                 continue;

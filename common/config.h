@@ -7,7 +7,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
-enum config_program { CONFIG_RELAY = 1, CONFIG_SWEEPER = 2 };
+/* The programs that read the configuration; each setting names those it
+ * applies to (a bit mask of these). CONFIG_CTL is outboxctl, which reads the
+ * environment only. */
+enum config_program { CONFIG_RELAY = 1, CONFIG_SWEEPER = 2, CONFIG_CTL = 4 };
 /* OUTBOX_ORDERING: consecutive versions per aggregate (gaps held), versions
  * that only increase, or no order at all (docs/DESIGN.md, "Per-aggregate
  * order"). */
@@ -71,8 +74,13 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
 
 /* The log format (1 JSON, 0 text) that --log-format, OUTBOX_LOG_FORMAT or the
  * --config file ask for, read on a best-effort basis, so that a configuration
- * config_load() refuses is still reported in the format the operator chose. */
-int config_log_json_hint(int argc, char **argv);
+ * config_load() refuses is still reported in the format the operator chose.
+ * Without any, the program's default (text for outboxctl, else JSON). */
+int config_log_json_hint(enum config_program prog, int argc, char **argv);
+
+/* Writes one line per setting `prog` reads from the environment: variable,
+ * default and meaning (outboxctl's --help). */
+void config_print_settings(FILE *out, enum config_program prog);
 
 /* Frees everything config_load() allocated; safe on a zeroed struct. */
 void config_destroy(struct config *cfg);

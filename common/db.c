@@ -20,7 +20,9 @@ static const char *const conn_keys[] = {"application_name", "connect_timeout",
                                         "keepalives_idle",  "keepalives_interval",
                                         "keepalives_count", "tcp_user_timeout"};
 static const char *const conn_vals[] = {"outbox-relay", "10", "30", "10", "3", "60000"};
-#define CONN_PARAMS (sizeof conn_keys / sizeof conn_keys[0])
+/* application_name of an operator's connection */
+#define ADMIN_APP_NAME "outboxctl"
+#define CONN_PARAMS    (sizeof conn_keys / sizeof conn_keys[0])
 
 /* PostgreSQL's longest identifier, and so NOTIFY channel name. */
 #define CHANNEL_MAX 63
@@ -43,6 +45,16 @@ void db_set_order(struct db *db, enum db_order order) {
         db->order = order;
 }
 
+int db_set_admin(struct db *db, const char *topic_template) {
+        char *t = strdup(topic_template);
+        if (!t)
+                return -1;
+        free(db->topic_template);
+        db->topic_template = t;
+        db->admin = 1;
+        return 0;
+}
+
 void db_set_test_hooks(struct db *db, int lock_delay_ms, int sample_delay_ms) {
         db->test_lock_delay_ms = lock_delay_ms > 0 ? lock_delay_ms : 0;
         db->test_sample_delay_ms = sample_delay_ms > 0 ? sample_delay_ms : 0;
@@ -60,7 +72,10 @@ void db_disconnect(struct db *db) {
         db->closing = 0;
         free(db->qtable);
         free(db->channel);
-        db->qtable = db->channel = NULL;
+        free(db->topic_expr);
+        db->qtable = db->channel = db->topic_expr = NULL;
+        db->admin_temp = 0; /* temp tables go with the session */
+        buf_free(&db->copy);
 }
 
 void db_check_conn(struct db *db) {
@@ -113,9 +128,8 @@ int db_run_count(struct db *db, const struct db_stmt *s, const char *const *para
         return 0;
 }
 
-/* Prepares every statement of a table, its table name (and test pause) in. */
-static int prepare_table(struct db *db, const struct db_stmt *stmts, size_t n, const char *pause,
-                         char *errstr, size_t size) {
+int db_prepare(struct db *db, const struct db_stmt *stmts, size_t n, const char *arg2, char *errstr,
+               size_t size) {
         struct buf sql = {0};
         int rc = 0;
         for (size_t i = 0; i < n && rc == 0; i++) {
@@ -123,7 +137,7 @@ static int prepare_table(struct db *db, const struct db_stmt *stmts, size_t n, c
                 /* the formats are the statement tables' literals (%1$s, %2$s) */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wformat-nonliteral"
-                int built = buf_appendf(&sql, stmts[i].sql, db->qtable, pause);
+                int built = buf_appendf(&sql, stmts[i].sql, db->qtable, arg2);
 #pragma GCC diagnostic pop
                 if (built != 0) {
                         rc = errstr_set(errstr, size, "out of memory");
@@ -151,9 +165,9 @@ static int prepare_all(struct db *db, char *errstr, size_t size) {
                          db->test_lock_delay_ms);
         }
 #endif
-        if (prepare_table(db, db_claim_stmts, db_claim_stmt_count, pause, errstr, size) != 0)
+        if (db_prepare(db, db_claim_stmts, db_claim_stmt_count, pause, errstr, size) != 0)
                 return -1;
-        return prepare_table(db, db_table_stmts, db_table_stmt_count, pause, errstr, size);
+        return db_prepare(db, db_table_stmts, db_table_stmt_count, pause, errstr, size);
 }
 
 /* Messages the server sends outside a statement go to the log, not to
@@ -235,6 +249,8 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 keys[i] = conn_keys[i];
                 vals[i] = conn_vals[i];
         }
+        if (db->admin)
+                vals[0] = ADMIN_APP_NAME;
         keys[CONN_PARAMS] = "dbname";
         vals[CONN_PARAMS] = db->url;
         keys[CONN_PARAMS + 1] = vals[CONN_PARAMS + 1] = NULL;
@@ -250,14 +266,21 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 goto out;
         }
         PQsetNoticeReceiver(db->conn, on_notice, db);
-        if (resolve_table(db, errstr, errstr_size) || listen_channel(db, errstr, errstr_size))
+        if (resolve_table(db, errstr, errstr_size))
                 goto out;
-        /* JIT compiling the lock statements costs more than running them
-         * (hundreds of ms on a hot aggregate's backlog). */
-        if (db_exec_simple(db, "SET jit = off", errstr, errstr_size))
-                goto out;
-        if (prepare_all(db, errstr, errstr_size))
-                goto out;
+        if (db->admin) {
+                if (db_admin_prepare(db, errstr, errstr_size))
+                        goto out;
+        } else {
+                if (listen_channel(db, errstr, errstr_size))
+                        goto out;
+                /* JIT compiling the lock statements costs more than running
+                 * them (hundreds of ms on a hot aggregate's backlog). */
+                if (db_exec_simple(db, "SET jit = off", errstr, errstr_size))
+                        goto out;
+                if (prepare_all(db, errstr, errstr_size))
+                        goto out;
+        }
         db->connects++;
         rc = 0;
 out:
@@ -319,5 +342,6 @@ void db_destroy(struct db *db) {
         free(db->url);
         free(db->table);
         free(db->relay_id);
+        free(db->topic_template);
         free(db);
 }

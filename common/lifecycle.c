@@ -128,7 +128,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
         if (c == CONFIG_EXIT_HELP || c == CONFIG_EXIT_VERSION)
                 return 0;
         log_setup(c == 0 ? (enum log_level)lc->cfg.log_level : LOG_INFO,
-                  c == 0 ? lc->cfg.log_format_json : config_log_json_hint(argc, argv));
+                  c == 0 ? lc->cfg.log_format_json : config_log_json_hint(prog, argc, argv));
         if (c != 0 || (check && check(&lc->cfg, err, sizeof err) != 0)) {
                 log_error("config", "bad configuration", "err=%s", err);
                 return 2;

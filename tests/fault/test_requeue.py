@@ -1,4 +1,4 @@
-"""Scenario 8: an operator requeues DEAD rows with tools/outboxctl (after
+"""Scenario 8: an operator requeues DEAD rows with outboxctl (after
 fixing what killed them) and their aggregates flow again, in order.
 
 Broker: Apache Kafka (tests/run's)."""
@@ -6,9 +6,9 @@ import os
 import subprocess
 
 from conftest import actor_url, check_audit, check_kafka, relay_env
-from harness import Relay, header, repo_root, wait_until
+from harness import Relay, bin_path, header, wait_until
 
-OUTBOXCTL = os.path.join(repo_root(), "tools", "outboxctl")
+OUTBOXCTL = bin_path("outboxctl")
 
 
 def outboxctl(db, *args, expect=0):
@@ -47,6 +47,7 @@ def test_requeue_dead_rows(db, kafka, tmp_path, report):
         assert "requeued 0 row(s)" in outboxctl(db, "requeue", "--id", ids[5])
         outboxctl(db, "requeue", expect=2)
         outboxctl(db, "requeue", "--aggregate", "no-slash", expect=2)
+        outboxctl(db, "requeue", "--id", "not-a-uuid", expect=2)  # a usage error, not SQL's
 
         # The operator fixes the headers and requeues by id.
         db.execute("UPDATE %s SET headers_json = '{\"fixed\": true}' WHERE outbox_id = %%s"

@@ -11,7 +11,8 @@
 //        replaced) so `promtool check rules` parses every panel's PromQL
 //   node validate.mjs metrics docs/DESIGN.md DASHBOARD.json RULES.yaml
 //        every outbox_* metric used exists in docs/DESIGN.md's metric table (plus
-//        outbox_build_info), with _bucket/_sum/_count only on histograms
+//        outbox_build_info), with _bucket/_sum/_count only on histograms; the
+//        kube-state-metrics series an alert reads (kube_*) are in its table too
 //
 // Modules are loaded from $NODE_MODULES (the npm cache outside the repo).
 import fs from "node:fs";
@@ -91,13 +92,16 @@ function checkPolicy(o, where) {
     const env = Object.fromEntries((c.env ?? []).map((e) => [e.name, e]));
     if (!env.OUTBOX_DATABASE_URL?.valueFrom?.secretKeyRef) bad.push(`${c.name}: OUTBOX_DATABASE_URL from a secretKeyRef`);
     if (!(c.envFrom ?? []).some((e) => e.configMapRef)) bad.push(`${c.name}: envFrom configMapRef`);
-    if (c.name === "relay" && !env.OUTBOX_KAFKA_BOOTSTRAP_SERVERS) bad.push("relay: OUTBOX_KAFKA_BOOTSTRAP_SERVERS");
+    if ((c.name === "relay" || c.name === "reconcile") && !env.OUTBOX_KAFKA_BOOTSTRAP_SERVERS)
+      bad.push(`${c.name}: OUTBOX_KAFKA_BOOTSTRAP_SERVERS`);
     if (o.kind === "Deployment") {
       if (c.livenessProbe?.httpGet?.path !== "/healthz") bad.push(`${c.name}: livenessProbe /healthz`);
       if (c.readinessProbe?.httpGet?.path !== "/readyz") bad.push(`${c.name}: readinessProbe /readyz`);
       if (!(c.ports ?? []).some((p) => p.name === "http" && p.containerPort === 9464)) bad.push(`${c.name}: port http 9464`);
     }
-    if (o.kind === "CronJob" && !(c.args ?? []).includes("--once")) bad.push(`${c.name}: --once`);
+    if (c.name === "sweeper" && o.kind === "CronJob" && !(c.args ?? []).includes("--once")) bad.push(`${c.name}: --once`);
+    if (c.name === "reconcile" && (c.command?.[0] !== "outboxctl" || c.args?.[0] !== "reconcile"))
+      bad.push("reconcile: outboxctl reconcile");
   }
   if (o.kind === "CronJob" && o.spec.concurrencyPolicy !== "Forbid") bad.push("concurrencyPolicy Forbid");
   if (bad.length) fail(`${where}: policy: missing ${bad.join(", ")}`);
@@ -186,8 +190,9 @@ function cmdDashboardRules(file, out) {
 function designMetrics(designFile) {
   const text = fs.readFileSync(designFile, "utf8");
   const types = new Map();
-  // Rows of the metric table: | outbox_name | type | labels |
-  for (const m of text.matchAll(/^\|\s*(outbox_[a-z0-9_]+)\s*\|\s*(counter|gauge|histogram|summary)\s*\|/gm)) {
+  // Rows of the metric tables: | outbox_name | type | labels |, and the
+  // kube-state-metrics series the chart's alerts read: | kube_name | type | ... |
+  for (const m of text.matchAll(/^\|\s*((?:outbox|kube)_[a-z0-9_]+)\s*\|\s*(counter|gauge|histogram|summary)\s*\|/gm)) {
     types.set(m[1], m[2]);
   }
   return types;
@@ -208,8 +213,8 @@ function cmdMetrics(designFile, dashFile, rulesFile) {
   for (const u of uses) {
     // Drop label matchers' string values so label values are not taken for metrics.
     const expr = u.expr.replace(/"(?:[^"\\]|\\.)*"/g, '""');
-    const names = [...expr.matchAll(/\boutbox_[a-z0-9_]+\b/g)].map((m) => m[0]);
-    if (names.length === 0) fail(`${u.where}: uses no outbox_* metric: ${u.expr}`);
+    const names = [...expr.matchAll(/\b(?:outbox|kube)_[a-z0-9_]+\b/g)].map((m) => m[0]);
+    if (names.length === 0) fail(`${u.where}: uses no outbox_* (or kube_*) metric: ${u.expr}`);
     for (const n of names) {
       let base = n;
       let suffix = null;

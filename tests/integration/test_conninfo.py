@@ -1,5 +1,5 @@
 """OUTBOX_DATABASE_URL as libpq reads it, in the relay, the sweeper and
-tools/outboxctl: every form libpq accepts connects and is logged without its
+outboxctl: every form libpq accepts connects and is logged without its
 password; what libpq refuses exits 2 at once with one line naming the
 variable, without the password, instead of being retried forever.
 
@@ -12,9 +12,9 @@ import urllib.parse
 import pytest
 
 from conftest import relay_env
-from harness import Relay, repo_root
+from harness import Relay, bin_path
 
-OUTBOXCTL = os.path.join(repo_root(), "tools", "outboxctl")
+OUTBOXCTL = bin_path("outboxctl")
 
 
 def forms(pg_url, tmp_path):

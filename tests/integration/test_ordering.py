@@ -12,9 +12,10 @@ import psycopg2
 import pytest
 
 from conftest import relay_env
-from harness import Relay, check_order, free_port, header, read_topics, repo_root, wait_until
+from harness import (Relay, bin_path, check_order, free_port, header, read_topics,
+                     wait_until)
 
-OUTBOXCTL = os.path.join(repo_root(), "tools", "outboxctl")
+OUTBOXCTL = bin_path("outboxctl")
 
 
 def row(agg, version, **kw):

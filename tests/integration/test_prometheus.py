@@ -59,15 +59,20 @@ Alerts (test_alert_*): for each rule of the rendered file,
      the expression line up with what the daemons export;
   4. the alerts the load provokes are pending or firing in Prometheus
      (/api/v1/alerts): DEAD rows, stale locks, failure rate, pending age; the
-     heartbeat alert after the relay is stopped (the last test).
+     heartbeat alert after the relay is stopped (the last test); and the
+     reconcile alert on the Job series a static kube-state-metrics stand-in
+     serves (an earlier run succeeded, the newest failed), scraped with
+     honor_labels as kube-prometheus-stack does.
 Plus /healthz and /readyz of both daemons (200), and the relay's /readyz 503
 while the broker is down.
 """
+import http.server
 import json
 import math
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -100,7 +105,7 @@ LOCK_TIMEOUT_S = 1          # sweeper: shorter than the batch above -> lock lost
 class Prometheus:
     """/usr/bin/prometheus on 127.0.0.1 with its config and TSDB in `workdir`."""
 
-    def __init__(self, workdir, targets, rule_file):
+    def __init__(self, workdir, targets, rule_file, kube_state_metrics=None):
         self.port = free_port()
         self.base = "http://127.0.0.1:%d" % self.port
         self.workdir = workdir
@@ -114,6 +119,11 @@ class Prometheus:
                                    for addr, labels in targets],
             }],
         }
+        if kube_state_metrics:
+            # as kube-prometheus-stack scrapes it: the series' own namespace wins
+            config["scrape_configs"].append({
+                "job_name": "kube-state-metrics", "honor_labels": True,
+                "static_configs": [{"targets": [kube_state_metrics]}]})
         self.config_path = os.path.join(workdir, "prometheus.yml")
         with open(self.config_path, "w", encoding="utf-8") as f:
             json.dump(config, f, indent=1)  # JSON is YAML: no PyYAML needed
@@ -152,7 +162,7 @@ class Prometheus:
 
     def targets_up(self):
         active = self.get("/api/v1/targets")["activeTargets"]
-        return len(active) >= 2 and all(t["health"] == "up" for t in active)
+        return len(active) >= 3 and all(t["health"] == "up" for t in active)
 
     def alert_states(self):
         """{alertname: set of states} of pending/firing alerts."""
@@ -169,6 +179,43 @@ class Prometheus:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+# kube-state-metrics' Job series as the reconcile CronJob of this release
+# leaves them after an earlier run succeeded and the newest failed.
+KUBE_STATE_METRICS = """\
+kube_job_status_start_time{namespace="%(ns)s",job_name="%(svc)s-reconcile-100"} 1000
+kube_job_status_failed{namespace="%(ns)s",job_name="%(svc)s-reconcile-100"} 0
+kube_job_status_start_time{namespace="%(ns)s",job_name="%(svc)s-reconcile-200"} 2000
+kube_job_status_failed{namespace="%(ns)s",job_name="%(svc)s-reconcile-200",reason="BackoffLimitExceeded"} 1
+""" % {"ns": NAMESPACE, "svc": SERVICE}
+
+
+class KubeStateMetrics:
+    """A static /metrics target standing in for kube-state-metrics."""
+
+    def __init__(self):
+        body = KUBE_STATE_METRICS.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.addr = "127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def http_status(addr, path):
@@ -282,6 +329,7 @@ def live(pg, mock_kafka, tmp_path_factory):
     db = TestSchema(pg, "prometheus")
     procs = []
     prom = None
+    ksm = KubeStateMetrics()
     try:
         relay_addr = "127.0.0.1:%d" % free_port()
         sweeper_addr = "127.0.0.1:%d" % free_port()
@@ -301,7 +349,7 @@ def live(pg, mock_kafka, tmp_path_factory):
         prom = Prometheus(work, [
             (relay_addr, {**op_labels, "pod": RELAY_POD, "container": "relay"}),
             (sweeper_addr, {**op_labels, "pod": SWEEPER_POD, "container": "sweeper"}),
-        ], rules_path)
+        ], rules_path, kube_state_metrics=ksm.addr)
 
         for name, addr, proc in (("relay", relay_addr, relay), ("sweeper", sweeper_addr, sweeper)):
             for path in ("/healthz", "/readyz"):
@@ -389,6 +437,7 @@ def live(pg, mock_kafka, tmp_path_factory):
                 p.stop()
         if prom:
             prom.stop()
+        ksm.stop()
         db.drop()
 
 
@@ -500,7 +549,7 @@ def test_alert_expression_has_data(live, name):
 
 # The alerts the load provokes: pending (they have a `for:`) or firing.
 PROVOKED = ["OutboxDeadRows", "OutboxStaleLocksReset", "OutboxFailureRateHigh",
-            "OutboxOldestPendingAgeHigh"]
+            "OutboxOldestPendingAgeHigh", "OutboxReconcileFailed"]
 
 
 @pytest.mark.parametrize("name", PROVOKED)

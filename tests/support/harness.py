@@ -62,6 +62,7 @@ _BINARIES = {
     "outbox-relay": "relay/outbox-relay",
     "outbox-sweeper": "sweeper/outbox-sweeper",
     "outbox-mockbroker": "deploy/local/outbox-mockbroker",
+    "outboxctl": "tools/outboxctl",
 }
 
 STATUSES = ("PENDING", "PUBLISHING", "PUBLISHED", "FAILED", "DEAD")
@@ -81,8 +82,9 @@ def build_dir():
 
 def bin_path(name):
     """Path of a built program: 'outbox-relay' (or 'relay'), 'outbox-sweeper'
-    ('sweeper'), 'outbox-mockbroker' ('mockbroker'). Does not check existence."""
-    key = name if name.startswith("outbox-") else "outbox-" + name
+    ('sweeper'), 'outbox-mockbroker' ('mockbroker'), 'outboxctl'. Does not check
+    existence."""
+    key = name if name.startswith("outbox") else "outbox-" + name
     if key not in _BINARIES:
         raise ValueError("unknown program %r (known: %s)" % (name, ", ".join(_BINARIES)))
     return os.path.join(build_dir(), _BINARIES[key])

@@ -219,3 +219,29 @@ Test(config, avro_and_envelope_field_errors_name_the_variable) {
         cr_assert(strstr(err, "OUTBOX_ENVELOPE_FIELDS: set, but OUTBOX_VALUE_FORMAT is payload"),
                   "%s", err);
 }
+
+Test(config, outboxctl_reads_its_own_settings) {
+        char *argv[] = {"outboxctl"};
+        setenv("OUTBOX_BATCH_SIZE", "not-a-number", 1); /* the relay's: not read */
+        unsetenv("OUTBOX_KAFKA_BOOTSTRAP_SERVERS");     /* only reconcile needs it */
+        setenv("OUTBOX_KAFKA_SECURITY_PROTOCOL", "SSL", 1);
+        setenv("OUTBOX_TOPIC_TEMPLATE", "orders.{tenant_id}", 1);
+        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(cfg.log_format_json, 0, "outboxctl logs text by default");
+        cr_assert_eq(config_log_json_hint(CONFIG_CTL, 1, argv), 0);
+        cr_assert_eq(config_log_json_hint(CONFIG_RELAY, 1, argv), 1);
+        cr_assert_str_eq(cfg.topic_template, "orders.{tenant_id}");
+        cr_assert_eq(cfg.kafka_cnt, 1);
+        cr_assert_str_eq(cfg.kafka[0].name, "security.protocol");
+        config_destroy(&cfg);
+
+        setenv("OUTBOX_LOG_FORMAT", "json", 1);
+        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), 0, "%s", err);
+        cr_assert_eq(cfg.log_format_json, 1);
+        cr_assert_eq(config_log_json_hint(CONFIG_CTL, 1, argv), 1);
+        config_destroy(&cfg);
+
+        setenv("OUTBOX_TOPIC_TEMPLATE", "orders.{nope}", 1);
+        cr_assert_eq(config_load(&cfg, CONFIG_CTL, 1, argv, stdout, err, sizeof err), -1);
+        cr_assert(strstr(err, "OUTBOX_TOPIC_TEMPLATE"), "%s", err);
+}

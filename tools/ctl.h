@@ -1,0 +1,29 @@
+/* ctl.h - outboxctl's commands. Each takes the loaded configuration, the
+ * parsed arguments and a connected admin database handle, writes its result
+ * on stdout and its diagnostics as log lines, and returns the exit code: 0
+ * ok, 1 a problem found or a runtime error. */
+#ifndef OUTBOX_CTL_H
+#define OUTBOX_CTL_H
+
+#include "config.h"
+#include "ctl_args.h"
+#include "db.h"
+
+struct ctl {
+        const struct config *cfg;
+        const struct ctl_args *args;
+        struct db *db;
+};
+
+int ctl_stats(struct ctl *c);
+int ctl_dead(struct ctl *c);
+int ctl_requeue(struct ctl *c);
+int ctl_gaps(struct ctl *c);
+int ctl_release_gap(struct ctl *c);
+int ctl_replay(struct ctl *c);
+int ctl_reconcile(struct ctl *c);
+
+/* Milliseconds since the epoch, now. */
+long long ctl_now_ms(void);
+
+#endif
