@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tests/bench/bench.py - the six measurements of issue 6, one run, one table.
+"""tests/bench/bench.py - every benchmark row, in one run, as one table.
 
 Run through tests/bench/run (it builds the programs first). Starts its own
 throwaway PostgreSQL (deploy/local/pg, never the test suite's server), one

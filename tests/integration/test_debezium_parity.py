@@ -1,4 +1,4 @@
-"""Routing and formats a Debezium outbox-event-router user expects (issue 5):
+"""Routing and formats a Debezium outbox-event-router user expects:
 OUTBOX_VALUE_FORMAT=payload, tombstones in every format, {tenant_id} and
 {event_type} topic placeholders, and OUTBOX_ENVELOPE_FIELDS (Debezium's
 table.fields.additional.placement=...:envelope:...). Every check reads the

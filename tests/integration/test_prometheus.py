@@ -1,5 +1,5 @@
 """Live check of the Grafana dashboard and the alert rules against a real
-Prometheus server scraping a real relay and sweeper on 127.0.0.1 (issue 4).
+Prometheus server scraping a real relay and sweeper on 127.0.0.1.
 
 One scenario per module (the `live` fixture), then one test per dashboard query
 and per alert:
