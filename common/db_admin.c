@@ -246,9 +246,9 @@ enum { C_ROWS, C_TOPICS, C_COUNTS, C_MISSING, C_REORDERS, C_DUPLICATES, C_UNKNOW
 
 /* Messages of the window's rows, first copies: per partition and aggregate,
  * the lowest offset of each version; `above` is the highest version whose
- * first copy came before. A first copy below `above` is a reorder (G2:
- * version n+1's first copy before n's). Only the window's own rows count:
- * their acknowledged copy lies within the margin, so an earlier first copy
+ * first copy came before. A first copy below `above` is a reorder: version
+ * n+1's first copy before n's. Only the window's own rows count: their
+ * acknowledged copy lies within the margin, so an earlier first copy
  * outside what was read cannot make a later copy look like a first one.
  * The same rule holds for consecutive and for increasing versions. */
 #define RC_FIRSTS                                                                                  \
