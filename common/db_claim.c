@@ -250,10 +250,9 @@ enum col {
         " UPDATE %1$s o SET status = 'PUBLISHING', locked_by = $1,"                                \
         "  locked_at = now(), last_attempt_at = now(),"                                            \
         "  attempt_count = o.attempt_count + 1, updated_at = clock_timestamp()"                    \
-        " FROM sized r WHERE o.ctid = r.tid AND o.outbox_id = r.c_uuid AND r.before < $3"          \
-        " RETURNING o.outbox_id::text AS id, o.attempt_count, o.ctid)"                             \
-        " SELECT " ROW_COLUMN_NAMES ", l.attempt_count, l.ctid::text, s.c_late"                    \
-        " FROM sized s JOIN locked l ON l.id = s.c_id ORDER BY 2, 3, 4, 5"
+        " FROM sized s WHERE o.ctid = s.tid AND o.outbox_id = s.c_uuid AND s.before < $3"          \
+        " RETURNING " ROW_COLUMN_NAMES ", o.attempt_count, o.ctid::text, s.c_late)"                \
+        " SELECT * FROM locked ORDER BY 2, 3, 4, 5"
 
 /* The marks' columns when a row leaves this relay. */
 #define UNLOCK " locked_by = NULL, locked_at = NULL, updated_at = clock_timestamp()"
