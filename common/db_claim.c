@@ -150,9 +150,9 @@ enum col {
 /* Window guards of the classic lock (lock_heads, a top-up): the row is the
  * lowest unpublished version of its aggregate and not late, and its order
  * rule holds. Its scan steps over blocked rows. */
-#define HEAD_GUARD                                                                                 \
-        " AND " BEHIND("o", "o.aggregate_version") " IS NULL AND " LATE_AFTER(                     \
-                "o", "o.aggregate_version") " IS NULL"
+#define HEAD_GUARD  " AND " HEAD_BEHIND " IS NULL AND " HEAD_LATE " IS NULL"
+#define HEAD_BEHIND BEHIND("o", "o.aggregate_version")
+#define HEAD_LATE   LATE_AFTER("o", "o.aggregate_version")
 #define HEADS_CONSECUTIVE                                                                          \
         HEAD_GUARD " AND " CONSECUTIVE("o.aggregate_version", PREV("o", "o.aggregate_version"),    \
                                        HORIZON_PASSED("o.txid"))
@@ -173,49 +173,33 @@ enum col {
  * of consecutive versions: version minus dense rank is constant along a run)
  * and `is_lo` (it has the aggregate's lowest version in the window);
  * `ok` is the order rule on top of the guard. */
-#define RUNS(top, ok)                                                                              \
+#define RUNS(top, ok) AGG(top) GAP READY(ok)
+#define AGG(top)                                                                                   \
         ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"                                \
         "  min(aggregate_version) AS lo, " top " AS top,"                                          \
-        "  bool_and(" HORIZON_PASSED(                                                              \
-                "txid") ") FILTER (WHERE is_lo) AS lo_settled"                                     \
-                        "  FROM runs GROUP BY 1, 2, 3),"                                           \
-                        " gap AS MATERIALIZED (SELECT a.*, " BEHIND(                               \
-                                "a",                                                               \
-                                "a.lo") " AS behind,"                                              \
-                                        "  " PREV("a", "a.lo") " AS prev, " LATE_AFTER(            \
-                                                "a",                                               \
-                                                "a.top") " AS late_after,"                         \
-                                                         "  CASE WHEN a.lo < a.top THEN (SELECT "  \
-                                                         "p.aggregate_version FROM %1$s p"         \
-                                                         "   WHERE" SAME_AGG(                      \
-                                                                 "a") " AND p.aggregate_version "  \
-                                                                      "BETWEEN a.lo AND a.top"     \
-                                                                      "   AND p.published_at IS "  \
-                                                                      "NULL"                       \
-                                                                      "   AND p.outbox_id NOT IN " \
-                                                                      "(SELECT outbox_id FROM "    \
-                                                                      "vis)"                       \
-                                                                      "   ORDER BY "               \
-                                                                      "p.aggregate_version LIMIT " \
-                                                                      "1) END AS missing"          \
-                                                                      "  FROM agg a),"             \
-                                                                      " ready AS (SELECT w.tid, "  \
-                                                                      "w.outbox_id, g.late_after " \
-                                                                      "FROM runs w JOIN gap g"     \
-                                                                      "  ON g.tenant_id = "        \
-                                                                      "w.tenant_id AND "           \
-                                                                      "g.aggregate_type = "        \
-                                                                      "w.aggregate_type"           \
-                                                                      "  AND g.aggregate_id = "    \
-                                                                      "w.aggregate_id"             \
-                                                                      "  WHERE g.behind IS NULL "  \
-                                                                      "AND w.aggregate_version "   \
-                                                                      "<= g.top"                   \
-                                                                      "  AND (g.missing IS NULL "  \
-                                                                      "OR w.aggregate_version < "  \
-                                                                      "g.missing)"                 \
-                                                                      "  AND (g.late_after IS "    \
-                                                                      "NOT NULL OR (" ok ")))"
+        "  bool_and(" TXID_PASSED ") FILTER (WHERE is_lo) AS lo_settled"                           \
+        "  FROM runs GROUP BY 1, 2, 3),"
+#define TXID_PASSED HORIZON_PASSED("txid")
+#define GAP                                                                                        \
+        " gap AS MATERIALIZED (SELECT a.*, " GAP_BEHIND " AS behind,"                              \
+        "  " GAP_PREV " AS prev, " GAP_LATE " AS late_after,"                                      \
+        "  CASE WHEN a.lo < a.top THEN (SELECT p.aggregate_version FROM %1$s p"                    \
+        "   WHERE" GAP_SAME_AGG " AND p.aggregate_version BETWEEN a.lo AND a.top"                  \
+        "   AND p.published_at IS NULL"                                                            \
+        "   AND p.outbox_id NOT IN (SELECT outbox_id FROM vis)"                                    \
+        "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"                                  \
+        "  FROM agg a),"
+#define GAP_BEHIND   BEHIND("a", "a.lo")
+#define GAP_PREV     PREV("a", "a.lo")
+#define GAP_LATE     LATE_AFTER("a", "a.top")
+#define GAP_SAME_AGG SAME_AGG("a")
+#define READY(ok)                                                                                  \
+        " ready AS (SELECT w.tid, w.outbox_id, g.late_after FROM runs w JOIN gap g"                \
+        "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"                   \
+        "  AND g.aggregate_id = w.aggregate_id"                                                    \
+        "  WHERE g.behind IS NULL AND w.aggregate_version <= g.top"                                \
+        "  AND (g.missing IS NULL OR w.aggregate_version < g.missing)"                             \
+        "  AND (g.late_after IS NOT NULL OR (" ok ")))"
 
 /* Versions that only increase (gaps are normal): the guard alone, on rows
  * whose transaction is past the horizon (the window only holds such). */
