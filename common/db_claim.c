@@ -160,7 +160,8 @@ enum col {
 
 /* Runs of versions: a row of the window is ready when every unpublished
  * version of its aggregate below it is in the window too. Per aggregate:
- * nothing unpublished below its lowest version in the window (`behind`), and
+ * nothing unpublished below its lowest version in the window (`gap` keeps
+ * only such aggregates, before it probes anything else for them), and
  * only rows below `missing`, the lowest unpublished version between its
  * lowest and highest that the window lacks (probed only when the window
  * holds more than one version: rows of one version never hold each other
@@ -172,23 +173,23 @@ enum col {
  * `runs` gives each window row `first` (it is in the aggregate's first run
  * of consecutive versions: version minus dense rank is constant along a run)
  * and `is_lo` (it has the aggregate's lowest version in the window);
- * `ok` is the order rule on top of the guard. */
-#define RUNS(top, ok) AGG(top) GAP READY(ok)
+ * `prev` is the aggregate's previous version (a probe, so only where `ok`,
+ * the order rule on top of the guard, reads it). */
+#define RUNS(top, prev, ok) AGG(top) GAP(prev) READY(ok)
 #define AGG(top)                                                                                   \
         ", agg AS (SELECT tenant_id, aggregate_type, aggregate_id,"                                \
         "  min(aggregate_version) AS lo, " top " AS top,"                                          \
         "  bool_and(" TXID_PASSED ") FILTER (WHERE is_lo) AS lo_settled"                           \
         "  FROM runs GROUP BY 1, 2, 3),"
 #define TXID_PASSED HORIZON_PASSED("txid")
-#define GAP                                                                                        \
-        " gap AS MATERIALIZED (SELECT a.*, " GAP_BEHIND " AS behind,"                              \
-        "  " GAP_PREV " AS prev, " GAP_LATE " AS late_after,"                                      \
+#define GAP(prev)                                                                                  \
+        " gap AS MATERIALIZED (SELECT a.*, " prev " AS prev, " GAP_LATE " AS late_after,"          \
         "  CASE WHEN a.lo < a.top THEN (SELECT p.aggregate_version FROM %1$s p"                    \
         "   WHERE" GAP_SAME_AGG " AND p.aggregate_version BETWEEN a.lo AND a.top"                  \
         "   AND p.published_at IS NULL"                                                            \
         "   AND p.outbox_id NOT IN (SELECT outbox_id FROM vis)"                                    \
         "   ORDER BY p.aggregate_version LIMIT 1) END AS missing"                                  \
-        "  FROM agg a),"
+        "  FROM agg a WHERE " GAP_BEHIND " IS NULL),"
 #define GAP_BEHIND   BEHIND("a", "a.lo")
 #define GAP_PREV     PREV("a", "a.lo")
 #define GAP_LATE     LATE_AFTER("a", "a.top")
@@ -197,7 +198,7 @@ enum col {
         " ready AS (SELECT w.tid, w.outbox_id, g.late_after FROM runs w JOIN gap g"                \
         "  ON g.tenant_id = w.tenant_id AND g.aggregate_type = w.aggregate_type"                   \
         "  AND g.aggregate_id = w.aggregate_id"                                                    \
-        "  WHERE g.behind IS NULL AND w.aggregate_version <= g.top"                                \
+        "  WHERE w.aggregate_version <= g.top"                                                     \
         "  AND (g.missing IS NULL OR w.aggregate_version < g.missing)"                             \
         "  AND (g.late_after IS NOT NULL OR (" ok ")))"
 
@@ -205,7 +206,7 @@ enum col {
  * whose transaction is past the horizon (the window only holds such). */
 #define RUNS_INCREASING                                                                            \
         ", runs AS (SELECT v.*, true AS first, true AS is_lo FROM vis v)" RUNS(                    \
-                "max(aggregate_version)", "true")
+                "max(aggregate_version)", "NULL::bigint", "true")
 
 /* Consecutive versions: the window's first run of each aggregate, its lowest
  * version following the aggregate's previous one (CONSECUTIVE). */
@@ -216,7 +217,7 @@ enum col {
         " runs AS (SELECT r.*, r.run = min(r.run) OVER a AS first,"                                \
         "  r.aggregate_version = min(r.aggregate_version) OVER a AS is_lo"                         \
         "  FROM ranked r WINDOW a AS (PARTITION BY tenant_id, aggregate_type, "                    \
-        "aggregate_id))" RUNS("max(aggregate_version) FILTER (WHERE first)",                       \
+        "aggregate_id))" RUNS("max(aggregate_version) FILTER (WHERE first)", GAP_PREV,             \
                               CONSECUTIVE("g.lo", "g.prev", "g.lo_settled"))
 
 /* The tail: the chosen rows (`from`), in lock order, while their bytes stay
