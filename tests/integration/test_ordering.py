@@ -118,7 +118,7 @@ def test_first_event_above_version_1_flows(db, kafka, tmp_path):
     assert seen == [57, 58]
 
 
-def test_version_committed_after_a_later_one_was_published_goes_dead(db, kafka, tmp_path):
+def test_late_version_goes_dead_and_holds_its_aggregate(db, kafka, tmp_path):
     db.insert_events([row("inv", 1), row("inv", 2)])
     with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
         wait_until(lambda: status(db, "inv", 2) == "PUBLISHED", 30, what="versions 1, 2")
@@ -127,12 +127,20 @@ def test_version_committed_after_a_later_one_was_published_goes_dead(db, kafka, 
         db.insert_events([row("inv", 0, event_type="Late")])
         wait_until(lambda: status(db, "inv", 0) == "DEAD", 30, what="late version DEAD")
         relay.wait_log(r"event dead.*LATE_VERSION", 10)
+        (dead,) = db.rows(where="status = 'DEAD'")
+        assert dead["last_error_code"] == "LATE_VERSION"
+        assert "version 0" in dead["last_error_message"]
+        # like every DEAD row, it holds the versions after it until an
+        # operator removes it; then they go, in order
+        db.insert_events([row("inv", 3)])
+        witness(db, "w-late")
+        assert status(db, "inv", 3) == "PENDING"
+        db.execute("DELETE FROM %s WHERE outbox_id = %%s" % db.table, (dead["outbox_id"],))
+        wait_until(lambda: status(db, "inv", 3) == "PUBLISHED", 30,
+                   what="version 3 PUBLISHED once the late row is gone")
         assert relay.stop() == 0
-    (dead,) = db.rows(where="status = 'DEAD'")
-    assert dead["last_error_code"] == "LATE_VERSION"
-    assert "version 0" in dead["last_error_message"]
     seen, _ = versions_on_kafka(db, kafka, "inv")
-    assert seen == [1, 2]
+    assert seen == [1, 2, 3]
 
 
 def scrape(addr):
