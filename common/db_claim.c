@@ -26,8 +26,8 @@
  * late_after, in enum col order (struct outbox_event's), computed once per
  * chosen row (`o`, before the lock changes it; none of these changes): c_hdr
  * is the headers_json object as netstrings (see event.h), NULL when not an
- * object; occurred_at is formatted as RFC 3339 UTC by the server. c_bytes is
- * what the row's text weighs in the relay, for the byte budget. */
+ * object; occurred_at is formatted as RFC 3339 UTC by the server. ROW_BYTES
+ * is what a row's text weighs in the relay, for the byte budget. */
 #define ROW_COLUMNS                                                                                \
         "o.outbox_id::text AS c_id, o.tenant_id AS c_tenant, o.aggregate_type AS c_atype,"         \
         " o.aggregate_id AS c_aid, o.aggregate_version AS c_v, o.event_type AS c_etype,"           \
@@ -229,8 +229,8 @@ enum col {
         ", cols AS MATERIALIZED (SELECT r.tid, r.outbox_id AS c_uuid, " late " AS c_late,"         \
         " o.available_at AS c_due, " ROW_COLUMNS " FROM " from                                     \
         " r JOIN %1$s o ON o.ctid = r.tid AND o.outbox_id = r.outbox_id),"                         \
-        " sized AS (SELECT c.*, sum(" ROW_BYTES ") OVER (ORDER BY c_due, c_v, c_id"                \
-        "  ROWS UNBOUNDED PRECEDING) - " ROW_BYTES " AS before FROM cols c),"                      \
+        " sized AS (SELECT c.*, coalesce(sum(" ROW_BYTES ") OVER (ORDER BY c_due, c_v, c_id"       \
+        "  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before FROM cols c),"          \
         " locked AS ("                                                                             \
         " UPDATE %1$s o SET status = 'PUBLISHING', locked_by = $1,"                                \
         "  locked_at = now(), last_attempt_at = now(),"                                            \
