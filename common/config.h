@@ -46,6 +46,8 @@ struct config {
         char *http_addr; /* "off" disables */
         int log_level;   /* enum log_level */
         int log_format_json;
+        int statement_timeout_ms; /* the sessions' statement_timeout */
+        int db_lock_timeout_ms;   /* the sessions' lock_timeout */
         int lock_timeout_s;
         int sweep_interval_s;
         long long retention_s;
@@ -53,9 +55,11 @@ struct config {
         int delete_batch;
         int once; /* sweeper --once */
         /* Fault-test pauses, read only by builds with -DOUTBOX_TEST_HOOKS=ON
-         * (else 0): OUTBOX_TEST_LOCK_DELAY_MS, OUTBOX_TEST_SAMPLE_DELAY_MS. */
+         * (else 0): OUTBOX_TEST_LOCK_DELAY_MS, OUTBOX_TEST_SAMPLE_DELAY_MS,
+         * OUTBOX_TEST_MARK_DELAY_MS. */
         int test_lock_delay_ms;
         int test_sample_delay_ms;
+        int test_mark_delay_ms;
 
         struct config_kafka_prop *kafka;
         size_t kafka_cnt;

@@ -1,36 +1,35 @@
-/* db.h - the outbox table over libpq. The db files (db.c: connection and
- * waiting; db_claim.c: claiming and settling rows; db_table.c: table-wide
- * statements) are the only ones that include libpq. */
+/* db.h - the outbox table over libpq. The db files are the only ones that
+ * include libpq: db.c (the handle, blocking use for the sweeper and
+ * outboxctl), db_async.c (the same handle driven by the relay's poll loop),
+ * db_table.c (the sweeper's statements), db_admin.c (outboxctl's). */
 #ifndef OUTBOX_DB_H
 #define OUTBOX_DB_H
 
 #include <stddef.h>
 
-#include "event.h"
-
 struct db;
 
-/* ---- connection and waiting (db.c) ---- */
+/* One statement a program prepares on every connect: its name (the .sql
+ * file's) and its text, which names the table as :table (the quoted
+ * identifier) or :'table' (a string literal of it). */
+struct db_sql {
+        const char *name;
+        const char *text;
+};
+
+/* ---- the handle (db.c) ---- */
 
 /* Creates an unconnected handle; copies the strings. NULL on allocation
  * failure. `table` must have passed config_check_identifier(). */
 struct db *db_new(const char *url, const char *table, const char *relay_id);
 
-/* How the lock statements order an aggregate's versions (OUTBOX_ORDERING;
- * docs/DESIGN.md, "Per-aggregate order"): consecutive versions, each after
- * its predecessor was published (a missing one holds the rest); versions that
- * only increase; or none. Consecutive by default; set before connecting. */
-enum db_order { DB_ORDER_CONSECUTIVE = 0, DB_ORDER_INCREASING, DB_ORDER_NONE };
-void db_set_order(struct db *db, enum db_order order);
+/* Fault-test pause, in builds with -DOUTBOX_TEST_HOOKS=ON only (0: none):
+ * every table sample takes sample_delay_ms longer. */
+void db_set_test_hooks(struct db *db, int sample_delay_ms);
 
-/* Fault-test pauses, in builds with -DOUTBOX_TEST_HOOKS=ON only (0: none):
- * every lock statement waits lock_delay_ms between its start and its row
- * locks (from the next connect on), every table sample takes sample_delay_ms
- * longer. */
-void db_set_test_hooks(struct db *db, int lock_delay_ms, int sample_delay_ms);
-
-/* (Re)connects: opens the connection, resolves the table (schema and name),
- * LISTENs on its channel and prepares the statements. 0 or -1 (errstr set, no
+/* Connects, blocking until the session is set up (db_async.h's set-up:
+ * the SETs of db_async_configure(), the table resolved, its statements
+ * prepared), then the sweeper's statements. 0 or -1 (errstr set, no
  * password in it). */
 int db_connect(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
@@ -40,110 +39,18 @@ int db_connected(const struct db *db);
 /* Drops the connection (db_connect() may follow). */
 void db_disconnect(struct db *db);
 
-/* How many times db_connect() succeeded: a change tells a caller that the
+/* How many times a connect succeeded: a change tells a caller that the
  * connection was replaced (and what it had sent may have been lost). */
 long db_connects(const struct db *db);
 
 /* The server process serving the connection (0 when not connected). */
 int db_backend_pid(const struct db *db);
 
-/* Waits up to timeout_ms for a NOTIFY on the table's channel. 1 notified,
- * 0 timed out or interrupted by a signal, -1 connection lost. */
-int db_wait(struct db *db, int timeout_ms);
+/* The table as resolved at connect ("schema"."name"), NULL before. */
+const char *db_table_name(const struct db *db);
 
 /* Closes and frees. NULL is a no-op. */
 void db_destroy(struct db *db);
-
-/* ---- claiming and settling rows (db_claim.c) ----
- * Only the lock statements take rows; every other statement here changes a
- * row only while status = PUBLISHING and locked_by = this relay. */
-
-/* Rows locked for this relay. The events borrow from the lock statements'
- * results: valid until db_batch_clear(). Zero-initialise. */
-struct db_batch {
-        struct outbox_event *events;
-        size_t count;
-        size_t bytes; /* what the rows' values take in memory (the byte budget's measure) */
-        void *priv;
-};
-
-/* The lock statements (docs/DESIGN.md, "Status machine", steps 1 and 2). Each
- * locks at most `limit` due rows into PUBLISHING and returns them ordered by
- * aggregate and version. */
-enum db_lock_kind {
-        DB_LOCK_WINDOW, /* the oldest due rows, all of them (OUTBOX_ORDERING=none) */
-        /* the rows of that window that the per-aggregate guard lets go: several
-         * consecutive versions of one aggregate may come, and version n+1 must
-         * then be published only after n was acknowledged (released if n
-         * failed) */
-        DB_LOCK_RUNS,
-        /* the lowest unpublished version of aggregates, wherever they are:
-         * tops up a short batch (its scan steps over every blocked row) */
-        DB_LOCK_HEADS
-};
-
-/* Runs a lock statement and adds its rows to b (empty or not: a batch takes
- * up to three): at most `limit` rows, and rows only while their bytes stay
- * within `bytes` (always at least one row, however large). 0, or -1 with
- * errstr set (the connection dropped when it failed). *unknown is set when
- * rows may be locked for this relay that b did not get (the outcome was lost
- * with the connection, or out of memory): db_take_back_own() returns them. */
-int db_lock(struct db *db, enum db_lock_kind kind, int limit, long long bytes, struct db_batch *b,
-            int *unknown, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
-
-/* db_lock() in two halves, so the caller can work while the server locks:
- * db_lock_send() sends the statement, db_lock_receive() waits for its rows.
- * Between the two the connection takes nothing else; db_lock_receive() must
- * follow every successful db_lock_send() (it fails at once if the connection
- * was lost). */
-int db_lock_send(struct db *db, enum db_lock_kind kind, int limit, long long bytes, char *errstr,
-                 size_t errstr_size) __attribute__((warn_unused_result));
-int db_lock_receive(struct db *db, struct db_batch *b, int *unknown, char *errstr,
-                    size_t errstr_size) __attribute__((warn_unused_result));
-
-/* Nonzero between db_lock_send() and db_lock_receive(). */
-int db_lock_in_flight(const struct db *db);
-/* Reads what has arrived of the lock statement's result without waiting, so
- * the server can finish (and commit) it while the caller does other work.
- * Nonzero while more is to come. */
-int db_lock_poll(struct db *db);
-
-/* Frees the batch's rows and results; b is empty afterwards. */
-void db_batch_clear(struct db_batch *b);
-
-/* What a mark makes of a row this relay holds. DB_MARK_RELEASED: locked but
- * never produced (its predecessor in the batch failed, or the relay is
- * stopping): back to PENDING/FAILED, the attempt not counted. */
-enum db_mark { DB_MARK_PUBLISHED = 0, DB_MARK_FAILED, DB_MARK_DEAD, DB_MARK_RELEASED };
-
-/* One row's outcome for db_mark(). Strings are borrowed. */
-struct db_outcome {
-        const char *outbox_id;
-        const char *tid; /* DB_MARK_PUBLISHED: the event's tid (finds the row without
-                          * an index; NULL or stale falls back to outbox_id) */
-        enum db_mark mark;
-        long long delay_ms;  /* DB_MARK_FAILED: available_at = now() + delay */
-        const char *code;    /* DB_MARK_FAILED, DB_MARK_DEAD: last_error_code */
-        const char *message; /* last_error_message (never a payload) */
-        int uncounted;       /* DB_MARK_FAILED: the attempt does not count (attempt_count
-                              * is restored), e.g. the schema registry was down */
-        int marked;          /* set by db_mark() once applied; start at 0 */
-};
-
-/* Marks outcomes: one statement (its own transaction) per kind of mark, and
- * sets `marked` on the outcomes it applied. *lost gets the number of rows
- * whose lock was taken back meanwhile. 0, or -1 with errstr set: call again
- * with the same array after reconnecting, and only the outcomes not yet
- * marked are applied. */
-int db_mark(struct db *db, struct db_outcome *outs, size_t n, size_t *lost, char *errstr,
-            size_t errstr_size) __attribute__((warn_unused_result));
-
-/* Takes back the rows this relay id holds in PUBLISHING: call only with no
- * batch in flight (after a reconnect, or at start after a crash of a process
- * with the same id). They go FAILED with STALE_LOCK, due now, or DEAD when
- * attempt_count >= max_attempts. *n gets the count. */
-int db_take_back_own(struct db *db, int max_attempts, long long *n, char *errstr,
-                     size_t errstr_size) __attribute__((warn_unused_result));
 
 /* ---- table-wide statements (db_table.c) ----
  * Each runs on at most `limit` rows, taken with SKIP LOCKED; *n gets the
@@ -164,22 +71,6 @@ int db_delete_published(struct db *db, long long retention_s, int limit, int kee
                         long long *deleted, long long *seen, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
-/* A version gap: the lowest unpublished version of an aggregate (held) waits
- * for versions prev_version + 1 .. held_version - 1, which are not in the
- * table. Names longer than the fields are cut. */
-struct db_gap {
-        char tenant_id[128], aggregate_type[128], aggregate_id[256];
-        long long held_version, prev_version;
-        double age_s; /* since the held row was inserted */
-};
-
-/* Version gaps whose held row was inserted at least min_age_s ago, oldest
- * first: at most `max` into gaps (*n of them), and *total, how many there are
- * among the oldest 10000 due rows. */
-int db_version_gaps(struct db *db, int min_age_s, struct db_gap *gaps, size_t max, size_t *n,
-                    long long *total, char *errstr, size_t errstr_size)
-        __attribute__((warn_unused_result));
-
 /* Sweeper: parks PENDING/FAILED versions behind a DEAD version of their
  * aggregate out of the lock scan (available_at 'infinity', last_error_code
  * BLOCKED). */
@@ -190,33 +81,6 @@ int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t
  * aggregate is below them (every parked version with `all`). */
 int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
                       size_t errstr_size) __attribute__((warn_unused_result));
-
-/* The statuses of a row, in the order of db_sample()'s counts. */
-enum db_row_status {
-        DB_ROW_PENDING = 0,
-        DB_ROW_PUBLISHING,
-        DB_ROW_PUBLISHED,
-        DB_ROW_FAILED,
-        DB_ROW_DEAD,
-        DB_ROW_STATUS_COUNT
-};
-/* The status column's values: db_row_status_names[DB_ROW_PUBLISHED] is "PUBLISHED". */
-extern const char *const db_row_status_names[DB_ROW_STATUS_COUNT];
-
-/* The planner's estimate of the unpublished rows (what the guard's probes
- * choose their index by). 0, or -1 with errstr set. */
-int db_planned_unpublished(struct db *db, double *rows, char *errstr, size_t errstr_size)
-        __attribute__((warn_unused_result));
-
-/* ANALYZE on the table. 0, or -1 with errstr set (also when this role is
- * neither the table's owner nor a superuser: PostgreSQL would only warn). */
-int db_analyze(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
-
-/* One query for the table gauges: counts by status (PUBLISHED from the
- * statistics collector's live-row count, the others exact) and the age in
- * seconds of the oldest PENDING or FAILED row (0 when none). */
-int db_sample(struct db *db, double counts[DB_ROW_STATUS_COUNT], double *oldest_age_s, char *errstr,
-              size_t errstr_size) __attribute__((warn_unused_result));
 
 /* ---- operator statements (db_admin.c: outboxctl) ---- */
 

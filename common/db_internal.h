@@ -1,5 +1,6 @@
 /* db_internal.h - what the db files share: the handle and the statement
- * table. Include it only from common/db*.c; everyone else uses db.h. */
+ * table. Include it only from common/db*.c; everyone else uses db.h and
+ * db_async.h. */
 #ifndef OUTBOX_DB_INTERNAL_H
 #define OUTBOX_DB_INTERNAL_H
 
@@ -7,20 +8,20 @@
 #include <stddef.h>
 
 #include "db.h"
+#include "db_async.h"
 #include "encode.h"
 
 struct db {
         char *url, *table, *relay_id;
         PGconn *conn;
         char *qtable;  /* "schema"."table", resolved at connect */
-        char *channel; /* schema.table */
-        long connects; /* successful db_connect() calls */
-        /* db_lock_send() sent this lock statement; db_lock_receive() owes its
-         * result before the connection takes anything else */
-        const struct db_stmt *lock_sent;
-        int closing; /* the server said it is closing this connection (FATAL) */
-        enum db_order order;
-        int test_lock_delay_ms, test_sample_delay_ms;
+        char *channel; /* schema.table, cut to 63 bytes as the NOTIFY trigger cuts it */
+        long connects; /* successful connects */
+        int closing;   /* the server said it is closing this connection (FATAL) */
+        int test_sample_delay_ms;
+        /* A hook run after every connect once the table is resolved
+         * (outboxctl's connection prepares its statements there). */
+        int (*after_connect)(struct db *db, char *errstr, size_t size);
         /* outboxctl's connection (db_set_admin): the operator statements
          * only, no LISTEN */
         int admin;
@@ -28,12 +29,28 @@ struct db {
         char *topic_expr; /* SQL text of row o's topic, built at connect */
         int admin_temp;   /* bit mask of the temp tables made on this connection */
         struct buf copy;  /* COPY data not yet sent (db_reconcile_put()) */
+
+        /* the session (db_async.c) */
+        struct db_session session;
+        char *session_app;
+        enum db_phase phase;
+        int setup;      /* enum setup of db_async.c */
+        size_t setup_next;
+        PostgresPollingStatusType connect_polling;
+        double connect_deadline;
+        int want_write; /* libpq holds data back: wait for POLLOUT */
+        const char *running; /* name of the statement running */
+        double running_since;
+        PGresult *pending;      /* the answer being collected */
+        struct db_result *done; /* the finished statement's, for db_async_result() */
+        int notified;
+        char connected_at[48];
+        int table_missing, too_old;
 };
 
-/* One SQL statement, prepared on every connect under `name`. `sql` names the
- * table as %1$s (as often as it needs); the lock statements also hold %2$s,
- * where the lock test hook's pause goes (nothing in other builds), and the
- * operator statements use %2$s for the topic of row `o` (topic_name, else
+/* One SQL statement of the legacy tables, prepared on every connect under
+ * `name`. `sql` names the table as %1$s (as often as it needs); the operator
+ * statements use %2$s for the topic of row `o` (topic_name, else
  * OUTBOX_TOPIC_TEMPLATE filled in). Errors start with `what`. */
 struct db_stmt {
         const char *name;
@@ -42,9 +59,7 @@ struct db_stmt {
         const char *sql;
 };
 
-/* The statement tables of db_claim.c and db_table.c. */
-extern const struct db_stmt db_claim_stmts[];
-extern const size_t db_claim_stmt_count;
+/* The statement table of db_table.c (the sweeper's). */
 extern const struct db_stmt db_table_stmts[];
 extern const size_t db_table_stmt_count;
 
@@ -53,6 +68,15 @@ extern const size_t db_table_stmt_count;
  * daemons. */
 extern const struct db_stmt db_admin_stmts[];
 extern const size_t db_admin_stmt_count;
+
+/* Sets the resolved table: its quoted name and its NOTIFY channel. 0, or -1
+ * with errstr set. */
+int db_set_table(struct db *db, const char *schema, const char *name, char *errstr, size_t size);
+
+/* The channel the NOTIFY trigger sends on for table schema.name: the two
+ * joined by a dot, cut to 63 bytes (PostgreSQL's longest identifier) at a
+ * UTF-8 character boundary. out holds at least 64 bytes. */
+void db_channel_name(const char *schema, const char *name, char *out);
 
 /* Prepares `n` statements, the table name as %1$s and arg2 as %2$s in their
  * text. 0, or -1 with errstr set. */
@@ -68,7 +92,7 @@ int db_admin_prepare(struct db *db, char *errstr, size_t size);
 void db_check_conn(struct db *db);
 
 /* A statement failed with result r: db_check_conn(), and drops the
- * connection too when the table or a column it names is gone. */
+ * connection too when a fresh session would cure it (DB_FAULT_SESSION). */
 void db_check_result(struct db *db, const PGresult *r);
 
 /* Runs a statement without parameters that is not in a table (transaction

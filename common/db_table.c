@@ -1,5 +1,5 @@
-/* db_table.c - statements over the whole table: the sweeper's stale-lock
- * reset, retention and parking, and the relay's table sample. Each is one
+/* db_table.c - the sweeper's statements over the whole table: the
+ * stale-lock reset, retention and parking. Each is one
  * statement (its own transaction) on at most `limit` rows, taken with SKIP
  * LOCKED, so sweepers and relays never wait for each other. */
 #include "db.h"
@@ -11,26 +11,12 @@
 #include "db_internal.h"
 #include "errstr.h"
 
-const char *const db_row_status_names[DB_ROW_STATUS_COUNT] = {[DB_ROW_PENDING] = "PENDING",
-                                                              [DB_ROW_PUBLISHING] = "PUBLISHING",
-                                                              [DB_ROW_PUBLISHED] = "PUBLISHED",
-                                                              [DB_ROW_FAILED] = "FAILED",
-                                                              [DB_ROW_DEAD] = "DEAD"};
-
 enum {
         S_RESET_STALE,
         S_DELETE_PUBLISHED,
         S_DELETE_KEEP_LATEST,
-        S_GAPS,
         S_PARK,
         S_UNPARK,
-        S_SAMPLE,
-        S_PLANNED_UNPUBLISHED,
-        S_ANALYZE,
-        S_MAY_ANALYZE,
-#ifdef OUTBOX_TEST_HOOKS
-        S_TEST_SLEEP,
-#endif
         S_COUNT
 };
 
@@ -101,35 +87,6 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                  "   AND p.published_at IS NOT NULL AND p.available_at = 'infinity') k))"
                  "  AND o.published_at IS NOT NULL RETURNING 1)"
                  " SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM cand)"},
-        /* Version gaps: heads (the lowest unpublished version of their
-         * aggregate) among the oldest due rows inserted more than $1 s ago,
-         * whose aggregate's previous version is below v - 1. Held rows stay
-         * due and old, so they are among the oldest; reading at most 10000
-         * keeps the cost bounded whatever the backlog. At most $2 rows,
-         * oldest first, each with the count of all. */
-        [S_GAPS] = {"version_gaps", "version gaps", 2,
-                    "WITH cand AS MATERIALIZED (SELECT o.tenant_id, o.aggregate_type,"
-                    "  o.aggregate_id, o.aggregate_version, o.created_at FROM %1$s o"
-                    "  WHERE o.published_at IS NULL AND o.status IN ('PENDING', 'FAILED')"
-                    "  AND o.available_at <= now()"
-                    "  AND o.created_at < now() - $1 * interval '1 second'"
-                    "  ORDER BY o.available_at, o.aggregate_version LIMIT 10000),"
-                    " heads AS (SELECT DISTINCT ON (c.tenant_id, c.aggregate_type, c.aggregate_id)"
-                    "  c.*, (SELECT p.aggregate_version FROM %1$s p"
-                    "   WHERE p.tenant_id = c.tenant_id AND p.aggregate_type = c.aggregate_type"
-                    "   AND p.aggregate_id = c.aggregate_id"
-                    "   AND p.aggregate_version < c.aggregate_version"
-                    "   ORDER BY p.aggregate_version DESC LIMIT 1) AS prev"
-                    "  FROM cand c WHERE (SELECT p.aggregate_version FROM %1$s p"
-                    "   WHERE p.tenant_id = c.tenant_id AND p.aggregate_type = c.aggregate_type"
-                    "   AND p.aggregate_id = c.aggregate_id AND p.published_at IS NULL"
-                    "   AND p.aggregate_version < c.aggregate_version LIMIT 1) IS NULL"
-                    "  ORDER BY c.tenant_id, c.aggregate_type, c.aggregate_id,"
-                    "   c.aggregate_version)"
-                    " SELECT tenant_id, aggregate_type, aggregate_id, aggregate_version, prev,"
-                    "  extract(epoch FROM now() - created_at)::float8, count(*) OVER ()"
-                    " FROM heads WHERE prev < aggregate_version - 1"
-                    " ORDER BY created_at LIMIT $2"},
         /* Parks the PENDING and FAILED versions above the lowest DEAD one of
          * their aggregate. One read of the parked range (DEAD and parked
          * rows) finds each DEAD aggregate and its highest parked version;
@@ -175,35 +132,6 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                       "  AND (dead_v IS NULL OR aggregate_version < dead_v OR $2 = 1) LIMIT $1))"
                       " AND o.published_at IS NULL AND o.available_at = 'infinity'"
                       " AND o.status IN ('PENDING', 'FAILED')"},
-        /* Counts in enum db_row_status order, then the oldest due row's age:
-         * exact over unpublished rows (the partial indexes' predicate);
-         * PUBLISHED, which may be millions of rows, from the statistics
-         * collector's live-row count (approximate, never a table scan). */
-        [S_SAMPLE] = {"sample", "sample", 0,
-                      "SELECT count(*) FILTER (WHERE status = 'PENDING'),"
-                      " count(*) FILTER (WHERE status = 'PUBLISHING'),"
-                      " greatest(coalesce((SELECT n_live_tup FROM pg_stat_user_tables"
-                      "  WHERE relid = '%1$s'::regclass), 0) - count(*), 0)::float8,"
-                      " count(*) FILTER (WHERE status = 'FAILED'),"
-                      " count(*) FILTER (WHERE status = 'DEAD'),"
-                      " coalesce(extract(epoch FROM now() - min(created_at)"
-                      "  FILTER (WHERE status IN ('PENDING', 'FAILED'))), 0)::float8"
-                      " FROM %1$s WHERE published_at IS NULL"},
-        /* How many unpublished rows the planner believes there are: the
-         * guard's probes choose their index by it. */
-        [S_PLANNED_UNPUBLISHED] = {"planned_unpublished", "planner estimate", 0,
-                                   "EXPLAIN (FORMAT JSON) SELECT 1 FROM %1$s"
-                                   " WHERE published_at IS NULL"},
-        [S_ANALYZE] = {"analyze", "analyze", 0, "ANALYZE %1$s"},
-        /* ANALYZE by anyone else only warns that it skipped the table. */
-        [S_MAY_ANALYZE] = {"may_analyze", "may analyze", 0,
-                           "SELECT pg_has_role((SELECT relowner FROM pg_class"
-                           " WHERE oid = '%1$s'::regclass), 'USAGE')"
-                           " OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"},
-#ifdef OUTBOX_TEST_HOOKS
-        /* A sample as slow as a large backlog makes it. */
-        [S_TEST_SLEEP] = {"test_sleep", "test hook", 1, "SELECT pg_sleep($1 / 1000.0)"},
-#endif
 };
 const size_t db_table_stmt_count = S_COUNT;
 
@@ -266,36 +194,6 @@ int db_delete_published(struct db *db, long long retention_s, int limit, int kee
                          limit, 0, deleted, seen, errstr, errstr_size);
 }
 
-int db_version_gaps(struct db *db, int min_age_s, struct db_gap *gaps, size_t max, size_t *n,
-                    long long *total, char *errstr, size_t errstr_size) {
-        char a[16], b[16];
-        const char *params[2] = {a, b};
-        *n = 0;
-        *total = 0;
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        snprintf(a, sizeof a, "%d", min_age_s);
-        snprintf(b, sizeof b, "%zu", max);
-        PGresult *r =
-                db_run(db, &db_table_stmts[S_GAPS], params, PGRES_TUPLES_OK, errstr, errstr_size);
-        if (!r)
-                return -1;
-        int rows = PQntuples(r);
-        for (int i = 0; i < rows && (size_t)i < max; i++) {
-                struct db_gap *g = &gaps[i];
-                snprintf(g->tenant_id, sizeof g->tenant_id, "%s", PQgetvalue(r, i, 0));
-                snprintf(g->aggregate_type, sizeof g->aggregate_type, "%s", PQgetvalue(r, i, 1));
-                snprintf(g->aggregate_id, sizeof g->aggregate_id, "%s", PQgetvalue(r, i, 2));
-                g->held_version = strtoll(PQgetvalue(r, i, 3), NULL, 10);
-                g->prev_version = strtoll(PQgetvalue(r, i, 4), NULL, 10);
-                g->age_s = strtod(PQgetvalue(r, i, 5), NULL);
-                *total = strtoll(PQgetvalue(r, i, 6), NULL, 10);
-                (*n)++;
-        }
-        PQclear(r);
-        return 0;
-}
-
 int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t errstr_size) {
         return run_count(db, S_PARK, limit, 0, n, errstr, errstr_size);
 }
@@ -303,68 +201,4 @@ int db_park_blocked(struct db *db, int limit, long long *n, char *errstr, size_t
 int db_unpark_blocked(struct db *db, int all, int limit, long long *n, char *errstr,
                       size_t errstr_size) {
         return run_count(db, S_UNPARK, limit, all ? 1 : 0, n, errstr, errstr_size);
-}
-
-int db_sample(struct db *db, double counts[DB_ROW_STATUS_COUNT], double *oldest_age_s, char *errstr,
-              size_t errstr_size) {
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-#ifdef OUTBOX_TEST_HOOKS
-        if (db->test_sample_delay_ms) {
-                char ms[16];
-                const char *p[1] = {ms};
-                snprintf(ms, sizeof ms, "%d", db->test_sample_delay_ms);
-                PQclear(db_run(db, &db_table_stmts[S_TEST_SLEEP], p, PGRES_TUPLES_OK, errstr,
-                               errstr_size));
-        }
-#endif
-        PGresult *r =
-                db_run(db, &db_table_stmts[S_SAMPLE], NULL, PGRES_TUPLES_OK, errstr, errstr_size);
-        if (!r)
-                return -1;
-        int rows = PQntuples(r);
-        if (rows != 1) {
-                PQclear(r);
-                return errstr_set(errstr, errstr_size, "sample: %d rows", rows);
-        }
-        for (int i = 0; i < DB_ROW_STATUS_COUNT; i++)
-                counts[i] = strtod(PQgetvalue(r, 0, i), NULL);
-        *oldest_age_s = strtod(PQgetvalue(r, 0, DB_ROW_STATUS_COUNT), NULL);
-        PQclear(r);
-        return 0;
-}
-
-int db_planned_unpublished(struct db *db, double *rows, char *errstr, size_t errstr_size) {
-        *rows = 0;
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        PGresult *r = db_run(db, &db_table_stmts[S_PLANNED_UNPUBLISHED], NULL, PGRES_TUPLES_OK,
-                             errstr, errstr_size);
-        if (!r)
-                return -1;
-        /* the server's own JSON: the first "Plan Rows" is the scan's */
-        const char *p = PQntuples(r) ? strstr(PQgetvalue(r, 0, 0), "\"Plan Rows\":") : NULL;
-        int rc = p ? 0 : errstr_set(errstr, errstr_size, "planner estimate: no Plan Rows");
-        if (p)
-                *rows = strtod(p + strlen("\"Plan Rows\":"), NULL);
-        PQclear(r);
-        return rc;
-}
-
-int db_analyze(struct db *db, char *errstr, size_t errstr_size) {
-        if (!db_connected(db))
-                return errstr_set(errstr, errstr_size, "not connected");
-        PGresult *may = db_run(db, &db_table_stmts[S_MAY_ANALYZE], NULL, PGRES_TUPLES_OK, errstr,
-                               errstr_size);
-        if (!may)
-                return -1;
-        int allowed = PQntuples(may) == 1 && !strcmp(PQgetvalue(may, 0, 0), "t");
-        PQclear(may);
-        if (!allowed)
-                return errstr_set(errstr, errstr_size,
-                                  "only the table's owner (or a superuser) may ANALYZE it");
-        PGresult *r =
-                db_run(db, &db_table_stmts[S_ANALYZE], NULL, PGRES_COMMAND_OK, errstr, errstr_size);
-        PQclear(r);
-        return r ? 0 : -1;
 }

@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -490,4 +491,43 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
                 hdrs[n++].value_len = vlen;
         }
         return n;
+}
+
+/* The proleptic Gregorian date of day `z` since 1970-01-01 (Howard
+ * Hinnant's civil_from_days). */
+static void civil_from_days(long long z, long long *y, unsigned *m, unsigned *d) {
+        z += 719468;
+        long long era = (z >= 0 ? z : z - 146096) / 146097;
+        unsigned doe = (unsigned)(z - era * 146097);
+        unsigned yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+        unsigned doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        unsigned mp = (5 * doy + 2) / 153;
+        *d = doy - (153 * mp + 2) / 5 + 1;
+        *m = mp < 10 ? mp + 3 : mp - 9;
+        *y = (long long)yoe + era * 400 + (*m <= 2);
+}
+
+int encode_rfc3339_us(long long us, char *out, size_t out_size) {
+        const long long day_us = 86400LL * 1000000LL;
+        /* 2000-01-01 is day 10957 since 1970; PostgreSQL's range (4713 BC to
+         * 294276 AD) keeps these sums far from overflowing, but its
+         * infinities are the extremes of int64 */
+        if (out_size)
+                out[0] = '\0';
+        if (us == INT64_MAX || us == INT64_MIN)
+                return -1;
+        long long days = us / day_us, rem = us % day_us;
+        if (rem < 0) {
+                rem += day_us;
+                days--;
+        }
+        long long y;
+        unsigned m, d;
+        civil_from_days(days + 10957, &y, &m, &d);
+        if (y < 1 || y > 9999)
+                return -1;
+        long long secs = rem / 1000000;
+        int n = snprintf(out, out_size, "%04lld-%02u-%02uT%02lld:%02lld:%02lld.%06lldZ", y, m, d,
+                         secs / 3600, secs / 60 % 60, secs % 60, rem % 1000000);
+        return n < 0 || (size_t)n >= out_size ? -1 : 0;
 }

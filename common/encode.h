@@ -29,6 +29,13 @@ void buf_reset(struct buf *b);
  * other invalid byte becomes '?'. (Messages are cut to fixed sizes and may
  * quote foreign text; PostgreSQL rejects invalid UTF-8.) */
 void encode_utf8_clean(char *s);
+
+/* Writes a PostgreSQL timestamptz (microseconds since 2000-01-01 00:00:00
+ * UTC) as RFC 3339 in UTC with microseconds ("2024-05-01T10:00:00.000000Z")
+ * into out (at least 28 bytes). -1 when RFC 3339 cannot write it: years
+ * before 0001 or after 9999, 'infinity' and '-infinity' (INT64_MAX,
+ * INT64_MIN); out is then "". */
+int encode_rfc3339_us(long long us, char *out, size_t out_size);
 void buf_free(struct buf *b);
 
 /* Writes the topic: ev->topic_name, else `template` with {aggregate_type},

@@ -41,12 +41,15 @@
 #define HTTP_DEFAULT_STALL_S 60
 #define TEXT_PLAIN           "text/plain; charset=utf-8"
 #define PROMETHEUS_TEXT      "text/plain; version=0.0.4; charset=utf-8"
+#define APPLICATION_JSON     "application/json"
 
 struct http {
         struct MHD_Daemon *daemon;
         int fd; /* the listening socket; MHD closes it when it stops */
         int port;
-        atomic_int ready;
+        pthread_mutex_t ready_lock; /* guards ready_fn and ready_arg */
+        http_ready_fn *ready_fn;    /* called on the server's thread */
+        void *ready_arg;
         atomic_int stall_s;
         atomic_llong last_beat_ms; /* CLOCK_MONOTONIC */
 };
@@ -190,9 +193,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 return answer_text(c, version, MHD_HTTP_SERVICE_UNAVAILABLE, "stalled\n");
         }
         if (strcmp(url, "/readyz") == 0) {
-                if (atomic_load(&h->ready))
-                        return answer_text(c, version, MHD_HTTP_OK, "ready\n");
-                return answer_text(c, version, MHD_HTTP_SERVICE_UNAVAILABLE, "not ready\n");
+                struct buf body = {0};
+                int ready = 0;
+                pthread_mutex_lock(&h->ready_lock);
+                if (h->ready_fn)
+                        ready = h->ready_fn(h->ready_arg, &body);
+                else if (buf_appendf(&body, "{\"ready\":false,\"conditions\":{\"starting\":"
+                                            "{\"ok\":false,\"reason\":\"starting\"}}}\n"))
+                        ready = -1;
+                pthread_mutex_unlock(&h->ready_lock);
+                if (ready < 0 || !body.data) {
+                        buf_free(&body);
+                        return answer_text(c, version, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                                           "cannot tell\n");
+                }
+                return answer(c, version, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                              APPLICATION_JSON, body.data, body.len, 1);
         }
         return answer_text(c, version, MHD_HTTP_NOT_FOUND, "not found\n");
 }
@@ -239,8 +255,8 @@ struct http *http_start(const char *addr, char *errstr, size_t errstr_size) {
         }
         h->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        atomic_init(&h->ready, 0);
         atomic_init(&h->stall_s, HTTP_DEFAULT_STALL_S);
+        pthread_mutex_init(&h->ready_lock, NULL);
         atomic_init(&h->last_beat_ms, now_ms()); /* grace of stall_s after start */
 
         unsigned limit = connection_limit();
@@ -285,14 +301,19 @@ void http_set_stall(struct http *h, int stall_s) {
                 atomic_store(&h->stall_s, stall_s > 0 ? stall_s : 1);
 }
 
-void http_set_ready(struct http *h, int ready) {
-        if (h)
-                atomic_store(&h->ready, ready ? 1 : 0);
+void http_set_ready_fn(struct http *h, http_ready_fn *fn, void *arg) {
+        if (!h)
+                return;
+        pthread_mutex_lock(&h->ready_lock);
+        h->ready_fn = fn;
+        h->ready_arg = arg;
+        pthread_mutex_unlock(&h->ready_lock);
 }
 
 void http_stop(struct http *h) {
         if (!h)
                 return;
         MHD_stop_daemon(h->daemon); /* joins its thread, closes every socket */
+        pthread_mutex_destroy(&h->ready_lock);
         free(h);
 }

@@ -19,8 +19,14 @@ int http_port(const struct http *h);
 void http_heartbeat(struct http *h);
 void http_set_stall(struct http *h, int stall_s);
 
-/* /readyz answers 200 while the last value set is nonzero. */
-void http_set_ready(struct http *h, int ready);
+/* /readyz: fn fills body with the conditions as a small JSON object and
+ * returns 1 (ready: 200), 0 (not ready: 503) or -1 (out of memory). It runs
+ * on the server's thread, whenever a probe asks, so it must only read state
+ * it can read safely while the main loop runs (or is stuck). Without fn,
+ * /readyz answers 503. Set it before the first probe can come. */
+struct buf;
+typedef int(http_ready_fn)(void *arg, struct buf *body);
+void http_set_ready_fn(struct http *h, http_ready_fn *fn, void *arg);
 
 /* Stops the thread, closes every socket, frees. NULL is a no-op. */
 void http_stop(struct http *h);

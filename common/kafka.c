@@ -1,33 +1,26 @@
 /* kafka.c - librdkafka idempotent producer with delivery reports. */
 #include "kafka.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "clock.h"
 #include "log.h"
-
-/* Longest wait for a broker's metadata answer, at start and in readiness
- * probes. */
-#define KAFKA_CONNECT_WAIT_MS 500
-
-/* Topics whose metadata this producer asked for (a set of names, open
- * addressing). Bounded: past KNOWN_TOPICS_MAX new topics just wait for
- * librdkafka's own refresh. */
-#define KNOWN_TOPICS_MAX 4096
 
 struct kafka {
         rd_kafka_t *rk;
         kafka_delivery_cb *cb;
         void *ctx;
+        kafka_stats_cb *stats_cb;
         int outstanding;
         int delivery_timeout_ms;
-        int broker_up;
-        double last_probe;
-        char **known; /* KNOWN_TOPICS_MAX * 2 slots */
-        size_t nknown;
+        long long max_message_bytes;
+        int broker_up;  /* a delivery succeeded since every broker was last reported down */
+        int wake[2];    /* librdkafka writes to wake[1] when its main queue has events */
 };
 
 /* docs/DESIGN.md's producer defaults; anything may be overridden but idempotence. */
@@ -40,6 +33,14 @@ static const char *const defaults[][2] = {
         {"delivery.timeout.ms", "120000"},
         {"socket.nagle.disable", "true"},
         {"client.id", "outbox-relay"},
+        /* A request stuck on a broker that stopped answering is given up
+         * (and sent again to the partition's new leader) after this, not
+         * librdkafka's 60 s: a hung broker holds its partitions' messages
+         * about this long once leadership moved. */
+        {"socket.timeout.ms", "10000"},
+        /* Broker connections, round trips and queues for /metrics and
+         * readiness (parsed by kafka_stats.c). */
+        {"statistics.interval.ms", "1000"},
 };
 
 static int is_permanent(rd_kafka_resp_err_t err) {
@@ -76,6 +77,14 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
         struct kafka_result res;
         fill_result(&res, m->err);
         k->cb(m->_private, &res, k->ctx);
+}
+
+static int on_stats(rd_kafka_t *rk, char *json, size_t len, void *opaque) {
+        struct kafka *k = opaque;
+        (void)rk;
+        if (k->stats_cb)
+                k->stats_cb(json, len, k->ctx);
+        return 0; /* librdkafka frees json */
 }
 
 static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
@@ -309,13 +318,14 @@ int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t
         return rc;
 }
 
-struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
-                        size_t errstr_size) {
+struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, kafka_stats_cb *stats,
+                        void *ctx, char *errstr, size_t errstr_size) {
         struct kafka *k = calloc(1, sizeof *k);
         if (!k) {
                 snprintf(errstr, errstr_size, "out of memory");
                 return NULL;
         }
+        k->wake[0] = k->wake[1] = -1;
         rd_kafka_conf_t *conf = build_conf(cfg, errstr, errstr_size);
         if (!conf) {
                 free(k);
@@ -326,118 +336,84 @@ struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *c
         k->delivery_timeout_ms = 120000;
         if (rd_kafka_conf_get(conf, "delivery.timeout.ms", v, &vs) == RD_KAFKA_CONF_OK)
                 k->delivery_timeout_ms = atoi(v);
+        vs = sizeof v;
+        k->max_message_bytes = 1000000;
+        if (rd_kafka_conf_get(conf, "message.max.bytes", v, &vs) == RD_KAFKA_CONF_OK)
+                k->max_message_bytes = atoll(v);
         k->cb = cb;
+        k->stats_cb = stats;
         k->ctx = ctx;
         rd_kafka_conf_set_opaque(conf, k);
         rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
         rd_kafka_conf_set_error_cb(conf, on_error);
         rd_kafka_conf_set_log_cb(conf, on_log);
+        rd_kafka_conf_set_stats_cb(conf, on_stats);
 
+        if (pipe(k->wake) != 0 || fcntl(k->wake[0], F_SETFL, O_NONBLOCK) != 0 ||
+            fcntl(k->wake[1], F_SETFL, O_NONBLOCK) != 0) {
+                snprintf(errstr, errstr_size, "pipe: %s", strerror(errno));
+                rd_kafka_conf_destroy(conf);
+                goto fail;
+        }
         k->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, errstr_size);
         if (!k->rk) {
                 rd_kafka_conf_destroy(conf);
-                free(k);
-                return NULL;
+                goto fail;
         }
-        k->broker_up = 0;
-        /* librdkafka connects only when it needs a broker, and the idempotent
-         * producer asks for its producer id only once connected: a metadata
-         * request now (bounded, KAFKA_CONNECT_WAIT_MS) gets both done before
-         * the first batch, which would otherwise wait about a second. */
-        kafka_broker_up(k);
+        /* Delivery reports, errors and statistics wait on the main queue;
+         * librdkafka writes a byte to the pipe whenever it has some, so the
+         * relay's poll() wakes for them. */
+        rd_kafka_queue_t *q = rd_kafka_queue_get_main(k->rk);
+        rd_kafka_queue_io_event_enable(q, k->wake[1], "1", 1);
+        rd_kafka_queue_destroy(q);
         return k;
+fail:
+        for (int i = 0; i < 2; i++)
+                if (k->wake[i] >= 0)
+                        close(k->wake[i]);
+        free(k);
+        return NULL;
 }
 
-/* 1 if `topic` was seen before; else remembers it (while there is room). */
-static int topic_seen(struct kafka *k, const char *topic) {
-        const size_t slots = KNOWN_TOPICS_MAX * 2;
-        if (!k->known && !(k->known = calloc(slots, sizeof *k->known)))
-                return 1;
-        size_t h = 14695981039346656037ULL;
-        for (const char *p = topic; *p; p++)
-                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-        for (size_t i = h % slots;; i = (i + 1) % slots) {
-                if (!k->known[i]) {
-                        if (k->nknown >= KNOWN_TOPICS_MAX || !(k->known[i] = strdup(topic)))
-                                return 1;
-                        k->nknown++;
-                        return 0;
-                }
-                if (!strcmp(k->known[i], topic))
-                        return 1;
-        }
-}
-
-/* librdkafka asks for a new topic's partitions only on its next 1 s timer
- * scan, so the first message to each topic would wait up to a second: ask
- * now (bounded by KAFKA_CONNECT_WAIT_MS; a failure leaves it to librdkafka). */
-static void fetch_topic(struct kafka *k, const char *topic) {
-        if (topic_seen(k, topic))
-                return;
-        rd_kafka_topic_t *rkt = rd_kafka_topic_new(k->rk, topic, NULL);
-        const struct rd_kafka_metadata *md = NULL;
-        if (rkt && rd_kafka_metadata(k->rk, 0, rkt, &md, KAFKA_CONNECT_WAIT_MS) ==
-                           RD_KAFKA_RESP_ERR_NO_ERROR)
-                rd_kafka_metadata_destroy(md);
-        if (rkt)
-                rd_kafka_topic_destroy(rkt);
+int kafka_fd(const struct kafka *k) {
+        return k->wake[0];
 }
 
 int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t key_len,
                   const void *value, size_t value_len, const struct encode_header *hdrs,
                   int hdr_cnt, void *opaque, struct kafka_result *res) {
-        double deadline = clock_mono_s() + k->delivery_timeout_ms / 1000.0;
-        fetch_topic(k, topic);
-        for (;;) {
-                rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
-                for (int i = 0; i < hdr_cnt; i++)
-                        rd_kafka_header_add(h, hdrs[i].name, -1, hdrs[i].value,
-                                            (ssize_t)hdrs[i].value_len);
-                rd_kafka_resp_err_t err = rd_kafka_producev(
-                        k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, key_len),
-                        RD_KAFKA_V_VALUE((void *)value, value_len),
-                        RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h),
-                        RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
-                if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-                        k->outstanding++;
-                        return 0;
-                }
-                rd_kafka_headers_destroy(h);
-                if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && clock_mono_s() < deadline) {
-                        rd_kafka_poll(k->rk, 100);
-                        continue;
-                }
-                fill_result(res, err);
-                return -1;
+        rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
+        for (int i = 0; i < hdr_cnt; i++)
+                rd_kafka_header_add(h, hdrs[i].name, -1, hdrs[i].value,
+                                    (ssize_t)hdrs[i].value_len);
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+                k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, key_len),
+                RD_KAFKA_V_VALUE((void *)value, value_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+                k->outstanding++;
+                return 0;
         }
+        rd_kafka_headers_destroy(h);
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+                return KAFKA_FULL;
+        fill_result(res, err);
+        return -1;
 }
 
-void kafka_poll(struct kafka *k, int timeout_ms) {
-        rd_kafka_poll(k->rk, timeout_ms);
+void kafka_serve(struct kafka *k) {
+        char drain[64];
+        while (read(k->wake[0], drain, sizeof drain) > 0)
+                ;
+        rd_kafka_poll(k->rk, 0);
 }
 
-void kafka_wait(struct kafka *k, int timeout_ms, int (*tick)(void *), void *arg) {
-        double deadline = clock_mono_s() + timeout_ms / 1000.0;
-        while (k->outstanding > 0) {
-                double left = deadline - clock_mono_s();
-                double slice = tick ? KAFKA_TICK_MS / 1000.0 : 0.5;
-                if (left <= 0)
-                        break;
-                /* flush sends at once, ignoring linger.ms, and serves callbacks */
-                rd_kafka_flush(k->rk, (int)((left > slice ? slice : left) * 1000) + 1);
-                if (tick && !tick(arg))
-                        tick = NULL;
-        }
-        if (k->outstanding > 0) {
-                log_warn("kafka", "delivery wait timed out, purging", "outstanding=%d",
-                         k->outstanding);
-                rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-                for (int i = 0; i < 100 && k->outstanding > 0; i++)
-                        rd_kafka_poll(k->rk, 50);
-        }
+void kafka_purge(struct kafka *k) {
+        log_warn("kafka", "delivery wait timed out, purging", "outstanding=%d", k->outstanding);
+        rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 }
 
-int kafka_outstanding(struct kafka *k) {
+int kafka_outstanding(const struct kafka *k) {
         return k->outstanding;
 }
 
@@ -445,33 +421,32 @@ int kafka_fatal(struct kafka *k, char *errstr, size_t errstr_size) {
         return rd_kafka_fatal_error(k->rk, errstr, errstr_size) != RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
-int kafka_broker_up(struct kafka *k) {
-        double t = clock_mono_s();
-        if (!k->broker_up && (k->last_probe == 0 || t - k->last_probe >= 1.0)) {
-                const struct rd_kafka_metadata *md = NULL;
-                k->last_probe = t;
-                if (rd_kafka_metadata(k->rk, 0, NULL, &md, KAFKA_CONNECT_WAIT_MS) ==
-                    RD_KAFKA_RESP_ERR_NO_ERROR) {
-                        k->broker_up = md->broker_cnt > 0;
-                        rd_kafka_metadata_destroy(md);
-                }
-        }
+int kafka_broker_up(const struct kafka *k) {
         return k->broker_up;
+}
+
+void kafka_set_broker_up(struct kafka *k, int up) {
+        k->broker_up = up;
 }
 
 int kafka_delivery_timeout_ms(const struct kafka *k) {
         return k->delivery_timeout_ms;
 }
 
+long long kafka_max_message_bytes(const struct kafka *k) {
+        return k->max_message_bytes;
+}
+
 void kafka_destroy(struct kafka *k) {
         if (!k)
                 return;
         k->cb = NULL; /* the owner of the opaques may be gone */
+        k->stats_cb = NULL;
         rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
         rd_kafka_flush(k->rk, 1000);
         rd_kafka_destroy(k->rk);
-        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
-                free(k->known[i]);
-        free(k->known);
+        for (int i = 0; i < 2; i++)
+                if (k->wake[i] >= 0)
+                        close(k->wake[i]);
         free(k);
 }

@@ -17,7 +17,7 @@ struct kafka_result {
         const char *message; /* human text; valid during the callback only */
 };
 
-/* Called from kafka_poll()/kafka_wait() in the caller's thread, once per
+/* Called from kafka_serve() in the caller's thread, once per
  * produced message, with the opaque given to kafka_produce(). */
 typedef void(kafka_delivery_cb)(void *opaque, const struct kafka_result *res, void *ctx);
 
@@ -33,42 +33,52 @@ int kafka_conf_check(const struct config *cfg, char *errstr, size_t errstr_size)
 int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t out_size,
                    char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
-/* Creates the producer. NULL on failure (errstr says why). */
-struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, void *ctx, char *errstr,
-                        size_t errstr_size);
+/* Called from kafka_serve() with librdkafka's statistics JSON (valid during
+ * the call only). */
+typedef void(kafka_stats_cb)(const char *json, size_t len, void *ctx);
 
-/* Queues one message (copies key, value and headers). Returns 0, or -1 with
- * *res filled (the message was not queued and no callback will come).
- * A full local queue is waited out here by polling. */
+/* Creates the producer; it connects in the background (nothing here
+ * waits). `stats` may be NULL. NULL on failure (errstr says why). */
+struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, kafka_stats_cb *stats,
+                        void *ctx, char *errstr, size_t errstr_size);
+
+/* A descriptor that turns readable when delivery reports, errors or
+ * statistics wait: poll it, then call kafka_serve(). */
+int kafka_fd(const struct kafka *k);
+
+/* Serves what waits (the callbacks run here, in the caller's thread);
+ * never blocks. */
+void kafka_serve(struct kafka *k);
+
+/* Queues one message (copies key, value and headers); never blocks.
+ * Returns 0; KAFKA_FULL when the producer's queue is full (try again after
+ * some delivery reports: nothing was queued); or -1 with *res filled (the
+ * message was not queued and no callback will come). */
+#define KAFKA_FULL 1
 int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t key_len,
                   const void *value, size_t value_len, const struct encode_header *hdrs,
                   int hdr_cnt, void *opaque, struct kafka_result *res)
         __attribute__((warn_unused_result));
 
-/* Serves delivery callbacks for up to timeout_ms. */
-void kafka_poll(struct kafka *k, int timeout_ms);
-
-/* Waits until every queued message has had its callback, or timeout_ms.
- * Messages still outstanding then are purged, and their callbacks (with
- * _PURGE_QUEUE / _PURGE_INFLIGHT, retriable) are served before returning,
- * so no callback for them comes later. With `tick`, it is called about every
- * KAFKA_TICK_MS meanwhile (e.g. to read another connection's input) until it
- * returns 0. */
-#define KAFKA_TICK_MS 10
-void kafka_wait(struct kafka *k, int timeout_ms, int (*tick)(void *), void *arg);
+/* Purges every queued and in-flight message: their callbacks come from
+ * kafka_serve(), with _PURGE_QUEUE / _PURGE_INFLIGHT (retriable). */
+void kafka_purge(struct kafka *k);
 
 /* Messages not yet reported. */
-int kafka_outstanding(struct kafka *k);
+int kafka_outstanding(const struct kafka *k);
 
 /* Nonzero once the producer hit a fatal error (idempotence state lost); the
  * reason goes into errstr. The producer must then be rebuilt. */
 int kafka_fatal(struct kafka *k, char *errstr, size_t errstr_size);
 
-/* Nonzero while at least one broker connection is up. */
-int kafka_broker_up(struct kafka *k);
+/* Nonzero when a broker was reached since every broker was last reported
+ * down (a delivery succeeded, or the statistics counted a broker up). */
+int kafka_broker_up(const struct kafka *k);
+void kafka_set_broker_up(struct kafka *k, int up);
 
-/* The delivery timeout (ms) in effect. */
+/* The delivery timeout (ms) and message.max.bytes in effect. */
 int kafka_delivery_timeout_ms(const struct kafka *k);
+long long kafka_max_message_bytes(const struct kafka *k);
 
 /* Purges anything left and destroys the producer. NULL is a no-op. */
 void kafka_destroy(struct kafka *k);

@@ -2,6 +2,7 @@
 #include "lifecycle.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -27,8 +28,8 @@ static pthread_t watcher;
 static int watcher_running;
 static atomic_int watcher_quit;
 static atomic_long rows_held;
+static int wake_pipe[2] = {-1, -1}; /* the handler writes, the main loop polls */
 static enum log_level configured_level;
-static int stop_logged; /* watcher thread only */
 
 static void on_signal(int sig) {
         int saved = errno;
@@ -45,7 +46,14 @@ static void on_signal(int sig) {
         case SIGUSR2: usr2_pending = 1; break;
         }
         sem_post(&watcher_wake);
+        if (wake_pipe[1] >= 0 && write(wake_pipe[1], "s", 1) < 0) {
+                /* full: the loop has a wake-up waiting already */
+        }
         errno = saved;
+}
+
+int lifecycle_wake_fd(void) {
+        return wake_pipe[0];
 }
 
 void lifecycle_set_rows_held(long rows) {
@@ -63,11 +71,6 @@ static void *watch_signals(void *arg) {
                         log_error(mod, "second stop signal: exiting at once", "rows_publishing=%ld",
                                   atomic_load(&rows_held));
                         _exit(1);
-                }
-                if (stop_signals == 1 && !stop_logged) {
-                        stop_logged = 1;
-                        log_info(mod, "stop requested: finishing the work in hand",
-                                 "rows_publishing=%ld", atomic_load(&rows_held));
                 }
                 if (hup_pending) {
                         hup_pending = 0;
@@ -94,6 +97,9 @@ static int signals_start(const char *mod) {
         sigemptyset(&sa.sa_mask);
         if (sem_init(&watcher_wake, 0, 0) != 0)
                 return -1;
+        if (pipe(wake_pipe) != 0 || fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
+            fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0)
+                return -1;
         if (pthread_create(&watcher, NULL, watch_signals, (void *)mod) != 0) {
                 sem_destroy(&watcher_wake);
                 return -1;
@@ -114,6 +120,10 @@ static void signals_stop(void) {
         pthread_join(watcher, NULL);
         sem_destroy(&watcher_wake);
         watcher_running = 0;
+        for (int i = 0; i < 2; i++)
+                if (wake_pipe[i] >= 0)
+                        close(wake_pipe[i]);
+        wake_pipe[0] = wake_pipe[1] = -1;
 }
 
 int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, char **argv,
@@ -198,8 +208,6 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
         }
         log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
                  lifecycle_retry_ms(*backoff_ms, stop), err);
-        if (http)
-                http_set_ready(http, 0);
         lifecycle_backoff(http, backoff_ms, stop);
         return -1;
 }

@@ -21,6 +21,10 @@ struct lifecycle {
  * stop signal writes before exiting at once says so. */
 void lifecycle_set_rows_held(long rows);
 
+/* A descriptor that turns readable when a signal arrived (poll it to wake
+ * for a stop request); -1 before lifecycle_start(). */
+int lifecycle_wake_fd(void);
+
 /* Extra validation of a loaded configuration (the relay's librdkafka
  * properties): 0, or -1 with errstr naming the variable. */
 typedef int(lifecycle_check)(const struct config *cfg, char *errstr, size_t errstr_size);

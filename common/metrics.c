@@ -38,13 +38,14 @@ struct metric_def {
         const char *label; /* NULL: unlabelled */
         const double *buckets;
         size_t nbuckets;
-        int sweeper; /* exposed by outbox-sweeper (the rest: by outbox-relay) */
+        int sweeper; /* 1: exposed by outbox-sweeper, 2: by both (0: by outbox-relay) */
 };
 
 #define COUNTER(id, n, l, h)      [id] = {n, MT_COUNTER, h, l, NULL, 0, 0}
 #define SWEEPER_COUNTER(id, n, h) [id] = {n, MT_COUNTER, h, NULL, NULL, 0, 1}
 #define GAUGE(id, n, l, h)        [id] = {n, MT_GAUGE, h, l, NULL, 0, 0}
 #define HISTOGRAM(id, n, b, h)    [id] = {n, MT_HISTOGRAM, h, NULL, b, NBUCKETS(b), 0}
+#define BOTH_GAUGE(id, n, h)      [id] = {n, MT_GAUGE, h, NULL, NULL, 0, 2}
 
 static const struct metric_def metric_defs[M_COUNT] = {
         COUNTER(M_EVENTS_PUBLISHED, "outbox_events_published_total", "topic",
@@ -79,6 +80,27 @@ static const struct metric_def metric_defs[M_COUNT] = {
                         "PUBLISHED rows deleted by the sweeper after retention."),
         [M_BUILD_INFO] = {"outbox_build_info", MT_INFO, "Build information; the value is always 1.",
                           NULL, NULL, 0, 1},
+        BOTH_GAUGE(M_DATABASE_UP, "outbox_database_up",
+                   "1 while a database connection is up and set up, else 0."),
+        BOTH_GAUGE(M_READY, "outbox_ready", "1 while /readyz answers 200, else 0."),
+        GAUGE(M_KAFKA_BROKERS_UP, "outbox_kafka_brokers_up", NULL,
+              "Kafka brokers the producer has a connection up to."),
+        GAUGE(M_LAST_LOCK_TIMESTAMP, "outbox_relay_last_lock_timestamp_seconds", NULL,
+              "Unix time the relay's last lock statement completed (rows or none)."),
+        GAUGE(M_LAST_MARK_TIMESTAMP, "outbox_relay_last_mark_timestamp_seconds", NULL,
+              "Unix time the relay's last mark statement completed."),
+        GAUGE(M_STALLED, "outbox_relay_stalled", NULL,
+              "1 when the relay completed no lock and no mark within its stall bound."),
+        COUNTER(M_STATEMENT_ERRORS, "outbox_statement_errors_total", "statement",
+                "Statements of the relay that failed, by statement."),
+        GAUGE(M_OLDEST_TXN_AGE, "outbox_oldest_transaction_age_seconds", NULL,
+              "Age of the oldest transaction that holds rows back (the horizon), 0 when none."),
+        GAUGE(M_OLDEST_DUE_AGE, "outbox_oldest_due_age_seconds", NULL,
+              "Age of the oldest due row that nothing holds back."),
+        GAUGE(M_HELD_AGGREGATES, "outbox_held_aggregates", "reason",
+              "Aggregates held back by a missing version (gap) or a DEAD version (dead)."),
+        GAUGE(M_EVENTS_HELD, "outbox_events_held", NULL,
+              "Unpublished rows of held aggregates."),
 };
 
 struct series {
@@ -97,9 +119,9 @@ struct metric_state {
 
 static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct metric_state states[M_COUNT];
-/* One block per labelled metric (published, failed, dead, events); metrics_init
- * fails if the table grows more. */
-static struct series labelled_storage[4][METRICS_MAX_SERIES];
+/* One block per labelled metric; metrics_init fails if the table grows
+ * more. */
+static struct series labelled_storage[8][METRICS_MAX_SERIES];
 static char program_name[64] = "unknown";
 static int set_up; /* states[].series wired; metrics_init is optional */
 
@@ -336,7 +358,17 @@ static int render_metric(struct buf *out, enum metric_id id) {
         return -1;
 }
 
+static void (*render_hook)(void *);
+static void *render_hook_arg;
+
+void metrics_set_render_hook(void (*hook)(void *arg), void *arg) {
+        render_hook = hook;
+        render_hook_arg = arg;
+}
+
 int metrics_render(struct buf *out) {
+        if (render_hook)
+                render_hook(render_hook_arg);
         int rc = -1;
         size_t start = out->len;
         pthread_mutex_lock(&metrics_lock);
@@ -349,7 +381,8 @@ int metrics_render(struct buf *out) {
         int relay = strcmp(program_name, "outbox-relay") == 0;
         for (size_t i = 0; i < M_COUNT; i++) {
                 const struct metric_def *d = &metric_defs[i];
-                if (i != M_BUILD_INFO && ((sweeper && !d->sweeper) || (relay && d->sweeper)))
+                if (i != M_BUILD_INFO && d->sweeper != 2 &&
+                    ((sweeper && !d->sweeper) || (relay && d->sweeper)))
                         continue;
                 if (render_metric(out, (enum metric_id)i) != 0)
                         goto out;

@@ -23,6 +23,17 @@ enum metric_id {
         M_SWEEPER_STALE_RESET,  /* counter */
         M_SWEEPER_DELETED,      /* counter */
         M_BUILD_INFO,           /* gauge 1, labels version, program */
+        M_DATABASE_UP,          /* gauge 0/1, both daemons */
+        M_READY,                /* gauge 0/1, both daemons: what /readyz answers */
+        M_KAFKA_BROKERS_UP,     /* gauge */
+        M_LAST_LOCK_TIMESTAMP,  /* gauge, unix seconds */
+        M_LAST_MARK_TIMESTAMP,  /* gauge, unix seconds */
+        M_STALLED,              /* gauge 0/1 */
+        M_STATEMENT_ERRORS,     /* counter, label statement */
+        M_OLDEST_TXN_AGE,       /* gauge, seconds */
+        M_OLDEST_DUE_AGE,       /* gauge, seconds */
+        M_HELD_AGGREGATES,      /* gauge, label reason */
+        M_EVENTS_HELD,          /* gauge */
         M_COUNT
 };
 
@@ -38,6 +49,10 @@ void metrics_set(enum metric_id id, const char *label, double v);
 
 /* Histogram observation. */
 void metrics_observe(enum metric_id id, double v);
+
+/* A function metrics_render() calls first, from the thread that renders,
+ * to bring gauges computed from the time up to date (NULL: none). */
+void metrics_set_render_hook(void (*hook)(void *arg), void *arg);
 
 /* Appends the Prometheus text exposition (version 0.0.4) to out. 0 on success. */
 int metrics_render(struct buf *out) __attribute__((warn_unused_result));

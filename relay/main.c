@@ -24,7 +24,7 @@ int main(int argc, char **argv) {
         if (rc < 0) {
                 relay = relay_new(&lc.cfg, lc.http, err, sizeof err);
                 if (relay)
-                        rc = relay_run(relay, lc.stop);
+                        rc = relay_run(relay, lc.stop, lifecycle_wake_fd());
                 else
                         log_error("relay", "cannot start", "err=%s", err);
                 rc = relay ? rc : 1;

@@ -1,115 +1,1342 @@
-/* relay.c - the relay's loop: lock a batch, produce it in waves, mark it. */
+/* relay.c - the relay's loop: one poll() over three database connections and
+ * the producer, deadlines for everything timed. Each turn is a list of named
+ * steps; nothing below the loop sleeps, retries or reads the stop flag. */
 #include "relay.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "claims.h"
+#include "batch.h"
 #include "clock.h"
-#include "db.h"
-#include "encode.h"
+#include "db_async.h"
+#include "decide.h"
+#include "health.h"
 #include "kafka.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "message.h"
 #include "metrics.h"
+#include "relay_sql.h"
 
+/* Batches in flight at most: the rows a relay holds stay below this many
+ * batches' worth (and OUTBOX_BATCH_BYTES). */
+#define MAX_BATCHES 4
+/* The most text one fetch brings (rows beyond it are fetched next). */
+#define FETCH_BYTES_MAX (4LL << 20)
+/* Outcomes wait this long for others to share their mark statement. */
+#define MARK_LINGER_S 0.002
+/* After a lock that did not fill its batch, the next waits at least this
+ * long (and for a reason: a NOTIFY, a mark, the poll interval). */
+#define LOCK_AGAIN_S 0.005
+/* librdkafka may report a message's timeout up to about a second late, and
+ * does not time out messages sent just before every broker went away until
+ * it reconnects: past the delivery timeout plus this, the producer's
+ * messages are purged (reported failed, retriable). */
+#define DELIVERY_SLACK_S 10.0
+/* After a stop request, how long marks and take-backs keep trying a lost
+ * database (then the sweeper returns what is left). */
+#define STOP_GRACE_S 30.0
+/* The longest a failing statement waits before it is tried again. */
+#define RETRY_CAP_MS 30000
+/* Database reconnects: 100 ms doubling to 5 s. */
+#define RECONNECT_MIN_MS 100
+#define RECONNECT_MAX_MS 5000
+/* The table sample: every 10 s, or 50 times as long as the last took (a
+ * large backlog makes the count slow: sampling stays about 2 % of the time). */
 #define SAMPLE_INTERVAL_S 10.0
-/* The table sample counts every unpublished row: with a large backlog it
- * takes long, and the loop waits for it. The next sample waits at least this
- * many times as long as the last one took, so sampling keeps to about 2 % of
- * the relay's time however large the backlog. */
-#define SAMPLE_SPACING 50.0
-/* A version gap is reported (gauge, log line) once it has held its
- * aggregate this long: versions committed a moment out of order are not. */
+#define SAMPLE_SPACING    50.0
+/* A statement waiting this long on the lock or mark connection has its
+ * blockers looked up and logged. */
+#define BLOCKED_REPORT_S 1.0
+/* Aggregates this relay has a run of versions in flight for are left out
+ * of the lock window (at most this many), so their queued versions do not
+ * fill it. */
+#define HOT_KEYS_MAX 64
+/* A version gap is reported once it has held its aggregate this long;
+ * gaps logged per sample at most; each logged once (remembered by hash). */
 #define GAP_REPORT_AFTER_S 5
-/* Gaps logged per sample at most; each is logged once (remembered by hash,
- * up to GAP_SEEN_MAX, then forgotten all at once). */
-#define GAP_LOG_MAX  20
-#define GAP_SEEN_MAX 1024
-/* The planner's estimate of the unpublished rows is out of date when it is
- * off by this factor and this many rows; then the relay analyzes the table,
- * at most every STATS_ANALYZE_EVERY_S (every STATS_REFUSED_EVERY_S once it
- * was refused). */
-#define STATS_OFF_FACTOR      10.0
-#define STATS_OFF_ROWS        10000.0
-#define STATS_ANALYZE_EVERY_S 60.0
-#define STATS_REFUSED_EVERY_S 3600.0
-/* librdkafka's own message timeout may report up to about a second late
- * (timeout scans); messages sent just before every broker went away are not
- * timed out at all by the idempotent producer until it reconnects. Past the
- * delivery timeout plus this slack the batch is purged, so a batch (and a
- * SIGTERM) waits at most about the delivery timeout. */
-#define DELIVERY_SLACK_MS 1000
-/* /healthz tolerates a wave's whole delivery timeout (broker down) plus this. */
-#define STALL_SLACK_S 60
+#define GAP_LOG_MAX        20
+#define GAP_SEEN_MAX       1024
+/* A transaction older than this that holds rows back is named. */
+#define HORIZON_REPORT_S 10.0
+/* Rows one take-back statement returns at most. */
+#define TAKE_BACK_LIMIT 10000
 
-/* What happened to one row of the batch. */
-struct row_state {
-        int done; /* outcome known (delivery report or produce error) */
-        int ok;
-        int permanent;
-        int uncounted;    /* the attempt does not count (the schema registry was down) */
-        int released;     /* never produced: goes back unattempted (DB_MARK_RELEASED) */
-        int wave;         /* position in its aggregate's run of versions in the batch */
-        const char *code; /* static: rd_kafka_err2name() or our own codes */
-        char message[160];
-        char *topic;
-        size_t size;
+enum { C_LOCK, C_MARK, C_SIDE, C_COUNT };
+static const char *const conn_names[C_COUNT] = {"lock", "mark", "side"};
+
+/* The readiness conditions the loop sets (health.c adds lock, mark, stall). */
+enum { H_DATABASE, H_TABLE, H_KAFKA, H_STATEMENTS, H_COUNT };
+static const char *const health_names[H_COUNT] = {"database", "table", "kafka", "statements"};
+
+/* One database connection of the relay. */
+struct conn {
+        struct db *db;
+        double retry_at; /* no connect before this (backoff) */
+        int backoff_ms;
+        int failures; /* connects failed in a row */
+        int restarting; /* closed on purpose: a fresh session cures a statement */
+        char why[256];
+};
+
+/* One statement's failures in a row, for its backoff and readiness. */
+struct stmt_state {
+        int failures;
+        double retry_at;
+        char sqlstate[6];
+        char error[200];
+};
+
+/* What the side connection runs. */
+enum side_task {
+        SIDE_IDLE,
+        SIDE_TAKE_BACK,
+        SIDE_SAMPLE,
+        SIDE_GAPS,
+        SIDE_HELD,
+        SIDE_HORIZON,
+        SIDE_BLOCKERS
 };
 
 struct relay {
         const struct config *cfg;
         struct http *http;
-        struct db *db;
-        struct claims *claims;   /* the rows this relay holds */
-        struct message *message; /* what a row becomes on Kafka */
+        struct health *health;
+        struct message *message;
         struct kafka *kafka;
-        struct row_state *rows; /* of the batch being published */
-        unsigned seed;
-        double next_sample;                         /* no table sample before this (monotonic) */
-        double analyze_after;                       /* no ANALYZE before this (monotonic) */
-        unsigned long long gaps_seen[GAP_SEEN_MAX]; /* hashes of gaps logged */
+        struct conn conns[C_COUNT];
+        struct stmt_state stmts[RELAY_SQL_COUNT];
+        int lock_stmt; /* enum relay_sql: the lock statement of OUTBOX_ORDERING */
+        struct batch *batches, *last; /* oldest first */
+        size_t nbatches;
+        long long rows_open; /* locked, not yet marked */
+        long long bytes_held;
+        double row_bytes; /* recent rows' average size (0: none yet) */
+
+        /* locking and fetching (the lock connection) */
+        int lock_wanted;         /* something may have become due: lock soon */
+        double next_lock;        /* lock at the latest then (the poll interval) */
+        double lock_not_before;  /* after a short batch, not before this */
+        int lock_limit;          /* the lock statement in flight asked for this many */
+        long lock_gen;           /* db_connects() of the lock connection when it was sent */
+        struct batch *fetching;  /* the batch the fetch in flight is for */
+        int fetch_one;           /* fetch rows one at a time (a fetch failed) */
+        struct buf list;         /* parameter text */
+        long long hot[HOT_KEYS_MAX];
+
+        /* marking (the mark connection) */
+        struct row **marking; /* the rows of the mark statement in flight */
+        size_t nmarking, marking_cap;
+        int marking_stmt;
+        struct buf mp[6];      /* its array parameters */
+        double oldest_settled; /* when the oldest outcome waiting for a mark came (0: none) */
+
+        /* the side connection */
+        enum side_task side_task;
+        int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
+        double next_sample, sample_started;
+        int sample_slow;
+        long long gap_keys[GAP_LOG_MAX];
+        size_t ngap_keys;
+        unsigned long long gaps_seen[GAP_SEEN_MAX];
         size_t ngaps_seen;
-        int sample_slow; /* the last sample stretched the interval */
+        int horizon_pid;        /* the long transaction named last (0: none) */
+        double blockers_for[2]; /* the statement start whose blockers were logged (lock, mark) */
+        int blockers_conn;
+
+        /* stopping */
+        int stopping;
+        double stop_deadline; /* set once the database must be reached to finish */
+        int purged;
+        int too_old;
+        int fatal;
+        unsigned seed;
 };
 
-enum db_order relay_db_order(int ordering) {
-        return ordering == ORDERING_NONE         ? DB_ORDER_NONE
-               : ordering == ORDERING_INCREASING ? DB_ORDER_INCREASING
-                                                 : DB_ORDER_CONSECUTIVE;
+/* ---- small helpers ---------------------------------------------------- */
+
+static struct db *db_of(struct relay *r, int c) {
+        return r->conns[c].db;
 }
 
-long long relay_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned *seed) {
-        long long d = initial_ms;
-        for (int i = 1; i < attempt && d < max_ms; i++)
-                d *= 2;
-        if (d > max_ms)
-                d = max_ms;
-        long long half = d / 2;
-        return half + (d - half > 0 ? (long long)(rand_r(seed) % (d - half + 1)) : 0);
+static int idle(struct relay *r, int c) {
+        return db_async_phase(db_of(r, c)) == DB_IDLE;
 }
 
-/* Records the outcome in the row's state, nothing more. */
+/* Appends s to a PostgreSQL array literal being built in b ("{" first). */
+static int array_add(struct buf *b, const char *s) {
+        if (b->len > 1 && buf_append(b, ",", 1))
+                return -1;
+        if (!s)
+                return buf_append(b, "NULL", 4);
+        if (buf_append(b, "\"", 1))
+                return -1;
+        for (;;) {
+                size_t run = strcspn(s, "\"\\");
+                if (buf_append(b, s, run))
+                        return -1;
+                s += run;
+                if (!*s)
+                        break;
+                if (buf_append(b, "\\", 1) || buf_append(b, s, 1))
+                        return -1;
+                s++;
+        }
+        return buf_append(b, "\"", 1);
+}
+
+/* ---- statements: failures, backoff and readiness --------------------- */
+
+/* A statement answered: if it had been failing, says it works again. */
+static void stmt_ok(struct relay *r, int stmt) {
+        struct stmt_state *st = &r->stmts[stmt];
+        if (st->failures >= 1)
+                log_info("db", "statement works again", "statement=%s failures=%d",
+                         relay_sql[stmt].name, st->failures);
+        st->failures = 0;
+        st->retry_at = 0;
+        st->sqlstate[0] = '\0';
+}
+
+/* A statement failed with an error from the server. Logs when it starts
+ * failing or its SQLSTATE changes (not every attempt), backs it off, and
+ * drops the connection when a fresh session cures it. */
+static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result *res, double now) {
+        struct stmt_state *st = &r->stmts[stmt];
+        const char *state = db_result_sqlstate(res);
+        enum db_fault fault = db_fault_of(state);
+        st->failures++;
+        int retry = decide_retry_ms(st->failures, RETRY_CAP_MS);
+        st->retry_at = now + retry / 1000.0;
+        metrics_add(M_STATEMENT_ERRORS, relay_sql[stmt].name, 1);
+        if (st->failures == 1 || strcmp(st->sqlstate, state) != 0)
+                log_warn("db", "statement failing", "statement=%s sqlstate=%s retry_ms=%d err=%s",
+                         relay_sql[stmt].name, state, retry, db_result_error(res));
+        snprintf(st->sqlstate, sizeof st->sqlstate, "%s", state);
+        snprintf(st->error, sizeof st->error, "%s", db_result_error(res));
+        if (fault == DB_FAULT_SESSION) {
+                /* a new session prepares the statements again and resolves
+                 * the table anew: the first time at once, then with the
+                 * statement's backoff */
+                log_info("db", "opening a new session: it prepares the statements again",
+                         "connection=%s statement=%s sqlstate=%s", conn_names[c],
+                         relay_sql[stmt].name, state);
+                db_async_close(db_of(r, c));
+                r->conns[c].restarting = 1;
+                r->conns[c].retry_at = st->failures == 1 ? now : st->retry_at;
+        }
+}
+
+static int stmt_may_run(const struct relay *r, int stmt, double now) {
+        return now >= r->stmts[stmt].retry_at;
+}
+
+/* ---- connections ------------------------------------------------------ */
+
+static void lock_result(struct relay *r, struct db_result *res, double now);
+static void fetch_result(struct relay *r, struct db_result *res, double now);
+static void mark_result(struct relay *r, struct db_result *res, double now);
+static void side_result(struct relay *r, struct db_result *res, double now);
+
+/* Connection c went down (failed to connect, or was lost): back off. */
+static void conn_down(struct relay *r, int c, const char *why, double now) {
+        struct conn *cn = &r->conns[c];
+        struct db *db = cn->db;
+        if (cn->restarting) {
+                cn->restarting = 0; /* closed on purpose: retry_at is set */
+                goto forget;
+        }
+        cn->failures++;
+        int retry = cn->backoff_ms;
+        if (r->stopping)
+                retry = LIFECYCLE_STOP_RETRY_MS;
+        cn->retry_at = now + retry / 1000.0;
+        cn->backoff_ms = cn->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
+                                                               : cn->backoff_ms * 2;
+        if (db_async_too_old(db))
+                r->too_old = 1;
+        if (cn->failures == 1 || strcmp(cn->why, why) != 0)
+                log_warn("db", db_async_table_missing(db) ? "table missing, retrying"
+                                                          : "database connection down, retrying",
+                         "connection=%s retry_ms=%d err=%s", conn_names[c], retry, why);
+        snprintf(cn->why, sizeof cn->why, "%s", why);
+forget:
+        if (c == C_LOCK)
+                r->fetching = NULL; /* fetched again on the next connection */
+        if (c == C_MARK)
+                for (size_t i = 0; i < r->nmarking; i++) {
+                        /* the mark's outcome is unknown: it is sent again, and
+                         * a row it did mark is not counted as a lost lock */
+                        r->marking[i]->stage = ROW_SETTLED;
+                        r->marking[i]->mark_uncertain = 1;
+                }
+        if (c == C_MARK)
+                r->nmarking = 0;
+        if (c == C_SIDE)
+                r->side_task = SIDE_IDLE;
+}
+
+/* Reads what connection c has for us and handles it. */
+static void pump(struct relay *r, int c, double now) {
+        char err[512];
+        struct conn *cn = &r->conns[c];
+        enum db_event ev = db_async_advance(cn->db, now, err, sizeof err);
+        if (ev == DB_EV_UP) {
+                if (cn->failures || c == C_LOCK)
+                        log_info("db", "connected", "connection=%s table=%s", conn_names[c],
+                                 db_table_name(cn->db));
+                cn->failures = 0;
+                cn->backoff_ms = RECONNECT_MIN_MS;
+                cn->why[0] = '\0';
+                if (c == C_LOCK) {
+                        /* rows may be PUBLISHING under this relay id from
+                         * before this connection: an earlier process's, or a
+                         * lock whose answer a lost connection took */
+                        r->take_back_wanted = 1;
+                        r->lock_wanted = 1;
+                }
+        } else if (ev == DB_EV_RESULT) {
+                struct db_result *res = db_async_result(cn->db);
+                if (!res)
+                        return;
+                if (c == C_LOCK)
+                        r->fetching ? fetch_result(r, res, now) : lock_result(r, res, now);
+                else if (c == C_MARK)
+                        mark_result(r, res, now);
+                else
+                        side_result(r, res, now);
+                if (db_async_phase(cn->db) == DB_DOWN)
+                        conn_down(r, c, "connection lost", now);
+        } else if (ev == DB_EV_DOWN) {
+                conn_down(r, c, err, now);
+        }
+}
+
+/* Step: connect what is down (after its backoff), move every connection on. */
+static void keep_connections(struct relay *r, double now) {
+        char err[512];
+        for (int c = 0; c < C_COUNT; c++) {
+                struct conn *cn = &r->conns[c];
+                if (db_async_phase(cn->db) == DB_DOWN && now >= cn->retry_at) {
+                        if (db_async_start(cn->db, now, err, sizeof err) != 0)
+                                conn_down(r, c, err, now);
+                }
+                if (db_async_phase(cn->db) != DB_DOWN)
+                        pump(r, c, now);
+        }
+}
+
+/* ---- the producer ------------------------------------------------------ */
+
+/* A delivery report: the row's outcome. */
 static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx) {
-        struct row_state *st = opaque;
-        (void)ctx;
-        st->done = 1;
-        st->ok = res->ok;
-        st->permanent = res->permanent;
-        st->code = res->code;
-        if (res->ok)
-                return; /* an acknowledged row's outcome carries no message */
-        snprintf(st->message, sizeof st->message, "%s", res->message);
-        encode_utf8_clean(st->message);
+        struct relay *r = ctx;
+        struct row *w = opaque;
+        struct batch *b = w->batch;
+        size_t i = (size_t)(w - b->rows);
+        if (res->ok) {
+                metrics_add(M_EVENTS_PUBLISHED, w->topic, 1);
+                double latency = clock_wall_s() - w->ev.occurred_at_epoch;
+                if (latency >= 0 && latency < 1e9)
+                        metrics_observe(M_PUBLISH_LATENCY, latency);
+                kafka_set_broker_up(r->kafka, 1);
+                batch_settle(b, i, DECIDE_PUBLISHED, NULL, NULL);
+                return;
+        }
+        w->permanent = res->permanent;
+        batch_settle(b, i,
+                     decide_failure(res->permanent, 0, w->ev.attempt_count, r->cfg->max_attempts),
+                     res->code, res->message);
 }
+
+static void on_stats(const char *json, size_t len, void *ctx) {
+        struct relay *r = ctx;
+        int up = 0;
+        (void)len;
+        for (const char *p = json; (p = strstr(p, "\"state\":\"UP\"")) != NULL; p++)
+                up++;
+        kafka_set_broker_up(r->kafka, up > 0);
+}
+
+/* Rebuilds the producer after a fatal error (idempotence state lost), once
+ * every message it had was reported. -1 when it cannot be rebuilt. */
+static int rebuild_producer(struct relay *r) {
+        char err[512];
+        kafka_fatal(r->kafka, err, sizeof err);
+        log_error("kafka", "rebuilding the producer", "reason=%s", err);
+        kafka_destroy(r->kafka);
+        r->kafka = kafka_new(r->cfg, on_delivery, on_stats, r, err, sizeof err);
+        if (!r->kafka) {
+                log_error("kafka", "cannot rebuild the producer", "reason=%s", err);
+                return -1;
+        }
+        r->purged = 0;
+        return 0;
+}
+
+/* Step: delivery reports, errors and statistics; a fatal producer error
+ * purges what is outstanding and rebuilds the producer once it is all
+ * reported; messages owed past the delivery timeout are purged. */
+static void serve_kafka(struct relay *r, double now) {
+        char err[512];
+        kafka_serve(r->kafka);
+        int fatal = kafka_fatal(r->kafka, err, sizeof err);
+        if (fatal && !r->purged) {
+                kafka_purge(r->kafka);
+                r->purged = 1;
+        }
+        double oldest = now;
+        for (struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++)
+                        if (b->rows[i].stage == ROW_PRODUCED && b->rows[i].produced_at < oldest)
+                                oldest = b->rows[i].produced_at;
+        if (!r->purged && now - oldest > kafka_delivery_timeout_ms(r->kafka) / 1000.0 +
+                                                   DELIVERY_SLACK_S) {
+                kafka_purge(r->kafka);
+                r->purged = 1;
+        }
+        if (r->purged && kafka_outstanding(r->kafka) == 0) {
+                if (fatal && rebuild_producer(r) != 0)
+                        r->fatal = 1;
+                r->purged = 0;
+        }
+        metrics_set(M_KAFKA_BROKERS_UP, NULL, kafka_broker_up(r->kafka));
+}
+
+/* ---- producing ---------------------------------------------------------- */
+
+/* The longest a row may wait between its lock and its produce: its
+ * delivery report must come, and its mark after it, before the sweeper
+ * takes the lock back (OUTBOX_LOCK_TIMEOUT_S; the relay refuses a delivery
+ * timeout that does not leave 30 s for this at start). */
+static double produce_deadline_s(const struct relay *r) {
+        double d = r->cfg->lock_timeout_s - kafka_delivery_timeout_ms(r->kafka) / 1000.0 - 20.0;
+        return d > 5.0 ? d : 5.0;
+}
+
+/* Produces row i of b; settles it when it cannot go. 1 when the producer's
+ * queue is full (try again after some reports), else 0. */
+static int produce_row(struct relay *r, struct batch *b, size_t i, double now) {
+        struct row *w = &b->rows[i];
+        struct message_parts m;
+        struct message_error why;
+        int built = message_build(r->message, &w->ev, &m, &why);
+        /* the topic outlives the message: the delivery report's metrics and
+         * the log name it */
+        if (m.topic && !w->topic && !(w->topic = strdup(m.topic))) {
+                batch_settle(b, i, DECIDE_FAILED, "ENCODE_FAILED", "out of memory");
+                return 0;
+        }
+        if (built != 0) {
+                w->permanent = why.permanent;
+                w->uncounted = why.uncounted;
+                batch_settle(b, i,
+                             decide_failure(why.permanent, why.uncounted, w->ev.attempt_count,
+                                            r->cfg->max_attempts),
+                             why.code, why.text);
+                return 0;
+        }
+        struct kafka_result res;
+        int rc = kafka_produce(r->kafka, m.topic, m.key, m.key_len, m.value, m.value_len,
+                               m.headers, m.header_count, w, &res);
+        if (rc == KAFKA_FULL)
+                return 1;
+        if (rc != 0) {
+                w->permanent = res.permanent;
+                batch_settle(b, i,
+                             decide_failure(res.permanent, 0, w->ev.attempt_count,
+                                            r->cfg->max_attempts),
+                             res.code, res.message);
+                return 0;
+        }
+        metrics_observe(M_EVENT_SIZE, (double)m.value_len);
+        w->stage = ROW_PRODUCED;
+        w->produced_at = now;
+        batch_release_content(b, i); /* the producer copied the message */
+        return 0;
+}
+
+/* Step: every fetched row whose predecessor in its run was acknowledged
+ * goes to the producer; a row whose predecessor failed is given back, as is
+ * every row not yet produced once the relay stops or its lock grew too old. */
+static void produce(struct relay *r, double now) {
+        double deadline = produce_deadline_s(r);
+        for (struct batch *b = r->batches; b; b = b->next) {
+                if (!b->dirty)
+                        continue;
+                b->dirty = 0;
+                for (size_t i = 0; i < b->n; i++) {
+                        struct row *w = &b->rows[i];
+                        if (w->stage != ROW_READY && w->stage != ROW_LOCKED)
+                                continue;
+                        const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
+                        if (p && p->stage >= ROW_SETTLED && p->mark != DECIDE_PUBLISHED) {
+                                batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
+                                continue;
+                        }
+                        if (r->stopping || r->fatal || now - b->locked_at > deadline) {
+                                batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
+                                continue;
+                        }
+                        if (w->stage != ROW_READY || (p && p->stage < ROW_SETTLED) || r->purged)
+                                continue;
+                        if (produce_row(r, b, i, now)) {
+                                b->dirty = 1; /* the producer's queue is full */
+                                return;
+                        }
+                }
+        }
+}
+
+/* ---- locking and fetching (the lock connection) --------------------------- */
+
+/* The aggregates this relay has a run of versions in flight for (their
+ * queued versions would fill the lock window), as a bigint[] literal. */
+static int hot_keys(struct relay *r, struct buf *out) {
+        size_t n = 0;
+        buf_reset(out);
+        if (buf_append(out, "{", 1))
+                return -1;
+        for (struct batch *b = r->batches; b && n < HOT_KEYS_MAX; b = b->next)
+                for (size_t i = 0; i < b->n && n < HOT_KEYS_MAX; i++) {
+                        const struct row *w = &b->rows[i];
+                        if (w->next < 0 || w->prev >= 0 || w->stage == ROW_MARKED)
+                                continue; /* not the first of a run in flight */
+                        int seen = 0;
+                        for (size_t k = 0; k < n && !seen; k++)
+                                seen = r->hot[k] == w->key;
+                        if (seen)
+                                continue;
+                        r->hot[n++] = w->key;
+                        if (buf_appendf(out, "%s%lld", n > 1 ? "," : "", w->key))
+                                return -1;
+                }
+        return buf_append(out, "}", 1);
+}
+
+/* How many rows the next lock may take: a batch, within what the relay may
+ * still hold in rows and (at the recent rows' size) in bytes. */
+static int lock_limit(const struct relay *r) {
+        long long rows = (long long)r->cfg->batch_size * MAX_BATCHES - r->rows_open;
+        long long bytes = r->cfg->batch_bytes - r->bytes_held;
+        if (rows > r->cfg->batch_size)
+                rows = r->cfg->batch_size;
+        if (r->row_bytes > 0 && bytes / r->row_bytes + 1 < rows)
+                rows = (long long)(bytes / r->row_bytes) + 1;
+        return rows > 0 && bytes > 0 && r->nbatches < MAX_BATCHES * 2 ? (int)rows : 0;
+}
+
+static int send_lock(struct relay *r, int limit, double now) {
+        char err[512], lim[16];
+        snprintf(lim, sizeof lim, "%d", limit);
+        const char *params[3] = {r->cfg->relay_id, lim, "{}"};
+        int n = 2;
+        if (r->lock_stmt != RELAY_SQL_LOCK_NONE) {
+                if (hot_keys(r, &r->list) != 0)
+                        return -1;
+                params[2] = r->list.data;
+                n = 3;
+        }
+        if (db_async_send(db_of(r, C_LOCK), r->lock_stmt, n, params, 1, now, err, sizeof err) != 0) {
+                conn_down(r, C_LOCK, err, now);
+                return -1;
+        }
+        r->lock_limit = limit;
+        r->lock_gen = db_connects(db_of(r, C_LOCK));
+        r->lock_wanted = 0;
+        r->next_lock = now + r->cfg->poll_interval_ms / 1000.0;
+        return 0;
+}
+
+/* The oldest batch with rows to fetch, or NULL. */
+static struct batch *to_fetch(const struct relay *r) {
+        for (struct batch *b = r->batches; b; b = b->next)
+                if (b->unfetched)
+                        return b;
+        return NULL;
+}
+
+static int send_fetch(struct relay *r, struct batch *b, double now) {
+        char err[512], bytes[24], max_row[24];
+        long long budget = r->cfg->batch_bytes - r->bytes_held;
+        if (budget > FETCH_BYTES_MAX)
+                budget = FETCH_BYTES_MAX;
+        if (r->fetch_one)
+                budget = 1; /* the first row always comes */
+        snprintf(bytes, sizeof bytes, "%lld", budget > 0 ? budget : 1);
+        snprintf(max_row, sizeof max_row, "%lld", kafka_max_message_bytes(r->kafka));
+        if (batch_fetch_list(b, &r->list) != 0)
+                return -1;
+        const char *params[4] = {r->list.data, r->cfg->relay_id, bytes, max_row};
+        if (db_async_send(db_of(r, C_LOCK), RELAY_SQL_FETCH, 4, params, 1, now, err, sizeof err) !=
+            0) {
+                conn_down(r, C_LOCK, err, now);
+                return -1;
+        }
+        r->fetching = b;
+        return 0;
+}
+
+/* Step: on the lock connection, fetch the content of locked rows first
+ * (within the byte budget), else lock the next batch when one is due. */
+static void lock_or_fetch(struct relay *r, double now) {
+        if (!idle(r, C_LOCK))
+                return;
+        struct batch *f = to_fetch(r);
+        if (f && r->bytes_held < r->cfg->batch_bytes && stmt_may_run(r, RELAY_SQL_FETCH, now)) {
+                send_fetch(r, f, now);
+                return;
+        }
+        if (r->stopping || r->fatal || r->purged || !stmt_may_run(r, r->lock_stmt, now))
+                return;
+        if (!(r->lock_wanted || now >= r->next_lock) || now < r->lock_not_before)
+                return;
+        int limit = lock_limit(r);
+        health_holding_full(r->health, limit == 0);
+        if (limit > 0)
+                send_lock(r, limit, now);
+}
+
+/* Learns the size of the rows a lock took (their average, half-weighted
+ * against the rows before). */
+static void learn_row_bytes(struct relay *r, const struct batch *b) {
+        if (!b->n)
+                return;
+        long long bytes = 0;
+        for (size_t i = 0; i < b->n; i++)
+                bytes += b->rows[i].size;
+        double avg = (double)bytes / (double)b->n;
+        r->row_bytes = r->row_bytes > 0 ? (r->row_bytes + avg) / 2 : avg;
+}
+
+static void lock_result(struct relay *r, struct db_result *res, double now) {
+        if (!db_result_ok(res)) {
+                if (!*db_result_sqlstate(res)) {
+                        /* the connection broke before the answer: the
+                         * statement may have locked rows nobody has */
+                        r->take_back_wanted = 1;
+                } else {
+                        stmt_failed(r, C_LOCK, r->lock_stmt, res, now);
+                }
+                db_result_free(res);
+                return;
+        }
+        stmt_ok(r, r->lock_stmt);
+        health_lock_done(r->health, now);
+        metrics_set(M_LAST_LOCK_TIMESTAMP, NULL, clock_wall_s());
+        int n = db_result_rows(res);
+        if (n == 0) {
+                db_result_free(res);
+                return;
+        }
+        struct batch *b = batch_new(res, (enum config_ordering)r->cfg->ordering, r->lock_gen, now);
+        if (!b) {
+                log_error("relay", "out of memory for a batch: its rows go back to the sweeper",
+                          "rows=%d", n);
+                r->take_back_wanted = 1;
+                return;
+        }
+        if (r->last)
+                r->last->next = b;
+        else
+                r->batches = b;
+        r->last = b;
+        r->nbatches++;
+        r->rows_open += (long long)b->n;
+        metrics_add(M_BATCHES, NULL, 1);
+        lifecycle_set_rows_held((long)r->rows_open);
+        learn_row_bytes(r, b);
+        b->dirty = 1;
+        if (n >= r->lock_limit)
+                r->lock_wanted = 1; /* a full batch: more may be due at once */
+        else
+                r->lock_not_before = now + LOCK_AGAIN_S;
+}
+
+static void fetch_result(struct relay *r, struct db_result *res, double now) {
+        struct batch *b = r->fetching;
+        r->fetching = NULL;
+        if (!db_result_ok(res)) {
+                if (*db_result_sqlstate(res) && db_fault_of(db_result_sqlstate(res)) ==
+                                                        DB_FAULT_STATEMENT) {
+                        if (!r->fetch_one) {
+                                /* something in one row: fetch them one by one to find it */
+                                r->fetch_one = 1;
+                        } else {
+                                /* the one row this fetch asked for cannot be read */
+                                for (size_t i = 0; i < b->n; i++)
+                                        if (b->rows[i].stage == ROW_LOCKED) {
+                                                batch_settle(b, i, DECIDE_DEAD, "INVALID_VALUE",
+                                                             db_result_error(res));
+                                                break;
+                                        }
+                        }
+                } else if (*db_result_sqlstate(res)) {
+                        stmt_failed(r, C_LOCK, RELAY_SQL_FETCH, res, now);
+                }
+                db_result_free(res);
+                return;
+        }
+        stmt_ok(r, RELAY_SQL_FETCH);
+        long long bytes = 0;
+        long filled = batch_take_fetch(b, res, kafka_max_message_bytes(r->kafka), &bytes);
+        if (filled < 0) {
+                log_error("relay", "out of memory for fetched rows", NULL);
+                return;
+        }
+        r->bytes_held += bytes;
+        if (filled == 0) {
+                /* none of the rows asked for is this relay's any more (taken
+                 * back by the sweeper): nothing to mark */
+                for (size_t i = 0; i < b->n; i++)
+                        if (b->rows[i].stage == ROW_LOCKED) {
+                                batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
+                                b->rows[i].stage = ROW_MARKED;
+                                b->open--;
+                                r->rows_open--;
+                                metrics_add(M_LOCK_LOST, NULL, 1);
+                        }
+        }
+        if (r->fetch_one && filled > 0 && !to_fetch(r))
+                r->fetch_one = 0;
+}
+
+/* ---- marking (the mark connection) -------------------------------------- */
+
+/* The statement that marks outcome `m`. */
+static int mark_stmt(enum decide_mark m) {
+        return m == DECIDE_PUBLISHED ? RELAY_SQL_MARK_PUBLISHED
+               : m == DECIDE_RELEASED ? RELAY_SQL_MARK_RELEASED
+                                      : RELAY_SQL_MARK_UNPUBLISHED;
+}
+
+/* Adds row w to the mark statement being built; -1 out of memory. */
+static int mark_add(struct relay *r, struct row *w) {
+        if (r->nmarking == r->marking_cap) {
+                size_t cap = r->marking_cap ? r->marking_cap * 2 : 256;
+                struct row **m = realloc(r->marking, cap * sizeof *m);
+                if (!m)
+                        return -1;
+                r->marking = m;
+                r->marking_cap = cap;
+        }
+        r->marking[r->nmarking++] = w;
+        if (array_add(&r->mp[0], w->tid) || array_add(&r->mp[1], w->id))
+                return -1;
+        if (w->mark != DECIDE_FAILED && w->mark != DECIDE_DEAD)
+                return 0;
+        char delay[24];
+        const char *msg = w->message;
+        char counted[sizeof w->message];
+        if (w->mark == DECIDE_DEAD && !w->permanent && !w->ev.late) {
+                /* out of attempts: the message says so */
+                snprintf(counted, sizeof counted, "%.100s (attempt %d of %d)", w->message,
+                         w->ev.attempt_count, r->cfg->max_attempts);
+                encode_utf8_clean(counted);
+                msg = counted;
+        }
+        if (w->mark == DECIDE_FAILED)
+                w->delay_ms = decide_backoff_ms(w->ev.attempt_count, r->cfg->backoff_initial_ms,
+                                                r->cfg->backoff_max_ms, (unsigned)rand_r(&r->seed));
+        snprintf(delay, sizeof delay, "%lld", w->delay_ms);
+        return array_add(&r->mp[2], delay) || array_add(&r->mp[3], w->code) ||
+               array_add(&r->mp[4], msg) || array_add(&r->mp[5], w->uncounted ? "1" : "0");
+}
+
+/* Counts an outcome into the metrics and the log as it is marked. */
+static void count_outcome(const struct row *w) {
+        if (w->mark == DECIDE_DEAD) {
+                metrics_add(M_EVENTS_DEAD, w->code, 1);
+                log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s", w->id,
+                         w->topic ? w->topic : "-", w->code, w->message);
+        } else if (w->mark == DECIDE_FAILED) {
+                metrics_add(M_EVENTS_FAILED, w->code, 1);
+        }
+}
+
+/* Step: when the mark connection is free, marks the settled rows of one
+ * outcome class (the class of the oldest settled row), all of them in one
+ * statement, once they waited MARK_LINGER_S (at once when stopping). */
+static void mark(struct relay *r, double now) {
+        char err[512];
+        struct row *oldest = NULL;
+        size_t settled = 0;
+        for (struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++) {
+                        struct row *w = &b->rows[i];
+                        if (w->stage != ROW_SETTLED)
+                                continue;
+                        settled++;
+                        if (!oldest || w->settled_at < oldest->settled_at)
+                                oldest = w;
+                }
+        r->oldest_settled = oldest ? oldest->settled_at : 0;
+        health_mark_waiting(r->health, r->oldest_settled);
+        if (!oldest || !idle(r, C_MARK))
+                return;
+        int stmt = mark_stmt(oldest->mark);
+        if (!stmt_may_run(r, stmt, now))
+                return;
+        if (!r->stopping && settled < (size_t)r->cfg->batch_size / 2 &&
+            now - oldest->settled_at < MARK_LINGER_S)
+                return;
+        for (int k = 0; k < 6; k++) {
+                buf_reset(&r->mp[k]);
+                if (buf_append(&r->mp[k], "{", 1))
+                        return;
+        }
+        r->nmarking = 0;
+        for (struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++) {
+                        struct row *w = &b->rows[i];
+                        if (w->stage != ROW_SETTLED || mark_stmt(w->mark) != stmt)
+                                continue;
+                        if (stmt == RELAY_SQL_MARK_UNPUBLISHED && w->mark != oldest->mark)
+                                continue; /* FAILED and DEAD go in statements of their own */
+                        if (mark_add(r, w) != 0)
+                                return;
+                }
+        for (int k = 0; k < 6; k++)
+                if (buf_append(&r->mp[k], "}", 1))
+                        return;
+        const char *params[8];
+        int n;
+        params[0] = r->cfg->relay_id;
+        if (stmt == RELAY_SQL_MARK_UNPUBLISHED) {
+                params[1] = oldest->mark == DECIDE_FAILED ? "FAILED" : "DEAD";
+                for (int k = 0; k < 6; k++)
+                        params[2 + k] = r->mp[k].data;
+                n = 8;
+        } else {
+                params[1] = r->mp[0].data;
+                params[2] = r->mp[1].data;
+                n = 3;
+        }
+        if (db_async_send(db_of(r, C_MARK), stmt, n, params, 1, now, err, sizeof err) != 0) {
+                r->nmarking = 0;
+                conn_down(r, C_MARK, err, now);
+                return;
+        }
+        r->marking_stmt = stmt;
+        for (size_t i = 0; i < r->nmarking; i++)
+                r->marking[i]->stage = ROW_MARKING;
+}
+
+static int by_uuid(const void *a, const void *b) {
+        return memcmp(a, b, 16);
+}
+
+/* Sends mark_published_by_id for the rows of the mark just answered that
+ * it did not find by ctid (an update moved them since their lock). */
+static void mark_moved(struct relay *r, double now) {
+        char err[512];
+        buf_reset(&r->mp[1]);
+        if (buf_append(&r->mp[1], "{", 1))
+                return;
+        for (size_t i = 0; i < r->nmarking; i++)
+                if (array_add(&r->mp[1], r->marking[i]->id))
+                        return;
+        if (buf_append(&r->mp[1], "}", 1))
+                return;
+        const char *params[2] = {r->cfg->relay_id, r->mp[1].data};
+        if (db_async_send(db_of(r, C_MARK), RELAY_SQL_MARK_PUBLISHED_BY_ID, 2, params, 1, now, err,
+                          sizeof err) != 0) {
+                conn_down(r, C_MARK, err, now);
+                return;
+        }
+        r->marking_stmt = RELAY_SQL_MARK_PUBLISHED_BY_ID;
+}
+
+/* A row is marked (or its lock was lost): it leaves the relay. */
+static void row_done(struct relay *r, struct row *w, int lost) {
+        if (lost && !w->mark_uncertain) {
+                metrics_add(M_LOCK_LOST, NULL, 1);
+                log_warn("relay", "lock lost before marking", "outbox_id=%s", w->id);
+        } else if (!lost) {
+                count_outcome(w);
+        }
+        w->stage = ROW_MARKED;
+        w->batch->open--;
+        r->rows_open--;
+}
+
+static void mark_result(struct relay *r, struct db_result *res, double now) {
+        int stmt = r->marking_stmt;
+        if (!db_result_ok(res)) {
+                if (*db_result_sqlstate(res))
+                        stmt_failed(r, C_MARK, stmt, res, now);
+                for (size_t i = 0; i < r->nmarking; i++)
+                        r->marking[i]->stage = ROW_SETTLED; /* marked again later */
+                r->nmarking = 0;
+                db_result_free(res);
+                return;
+        }
+        stmt_ok(r, stmt);
+        health_mark_done(r->health, now);
+        metrics_set(M_LAST_MARK_TIMESTAMP, NULL, clock_wall_s());
+        /* the rows it marked: their outbox_ids (binary uuids), sorted */
+        int n = db_result_rows(res);
+        unsigned char(*ids)[16] = calloc(n ? (size_t)n : 1, sizeof *ids);
+        if (!ids) {
+                db_result_free(res);
+                return; /* the rows stay MARKING; the lost connection path retries */
+        }
+        for (int k = 0; k < n; k++)
+                if (db_result_length(res, k, 0) == 16)
+                        memcpy(ids[k], db_result_value(res, k, 0), 16);
+        qsort(ids, (size_t)n, sizeof *ids, by_uuid);
+        db_result_free(res);
+        size_t missing = 0;
+        for (size_t i = 0; i < r->nmarking; i++) {
+                struct row *w = r->marking[i];
+                if (bsearch(w->id_bin, ids, (size_t)n, sizeof *ids, by_uuid)) {
+                        row_done(r, w, 0);
+                } else if (stmt == RELAY_SQL_MARK_PUBLISHED) {
+                        r->marking[missing++] = w; /* looked for by id next */
+                } else {
+                        row_done(r, w, 1);
+                }
+        }
+        free(ids);
+        r->nmarking = missing;
+        if (missing)
+                mark_moved(r, now);
+        r->lock_wanted = 1; /* marked versions may let their successors go */
+}
+
+/* ---- the side connection ------------------------------------------------ */
+
+/* Hash of a gap's aggregate and held version, to log each gap once. */
+static unsigned long long gap_hash(const struct db_result *res, int k) {
+        unsigned long long h = 1469598103934665603ULL;
+        for (int c = 0; c < 4; c++) {
+                const char *p = db_result_value(res, k, c);
+                int len = db_result_length(res, k, c);
+                for (int i = 0; i < len; i++)
+                        h = (h ^ (unsigned char)p[i]) * 1099511628211ULL;
+                h = (h ^ 0xff) * 1099511628211ULL;
+        }
+        return h;
+}
+
+static int gap_is_new(struct relay *r, unsigned long long h) {
+        for (size_t i = 0; i < r->ngaps_seen; i++)
+                if (r->gaps_seen[i] == h)
+                        return 0;
+        if (r->ngaps_seen == GAP_SEEN_MAX)
+                r->ngaps_seen = 0;
+        r->gaps_seen[r->ngaps_seen++] = h;
+        return 1;
+}
+
+static void side_send(struct relay *r, enum side_task task, int stmt, int n,
+                      const char *const *params, double now) {
+        char err[512];
+        if (db_async_send(db_of(r, C_SIDE), stmt, n, params, 1, now, err, sizeof err) != 0) {
+                conn_down(r, C_SIDE, err, now);
+                return;
+        }
+        r->side_task = task;
+}
+
+/* The oldest open batch's lock connection generation (the current one when
+ * none): rows locked on older connections are still being worked on. */
+static long oldest_gen(const struct relay *r) {
+        long gen = db_connects(r->conns[C_LOCK].db);
+        for (const struct batch *b = r->batches; b; b = b->next)
+                if (b->lock_gen < gen)
+                        gen = b->lock_gen;
+        return gen;
+}
+
+/* Step: the side connection's work, one statement at a time: take back what
+ * this relay id holds that no batch has; tell who blocks a statement that
+ * waits; sample the table (then its gaps, what they hold, the horizon). */
+static void side_work(struct relay *r, double now) {
+        if (!idle(r, C_SIDE))
+                return;
+        struct db *lockdb = db_of(r, C_LOCK);
+        if (r->take_back_wanted && db_async_phase(lockdb) >= DB_IDLE &&
+            oldest_gen(r) == db_connects(lockdb) && stmt_may_run(r, RELAY_SQL_TAKE_BACK_OWN, now)) {
+                char attempts[16], limit[16];
+                snprintf(attempts, sizeof attempts, "%d", r->cfg->max_attempts);
+                snprintf(limit, sizeof limit, "%d", TAKE_BACK_LIMIT);
+                const char *params[4] = {r->cfg->relay_id, db_async_connected_at(lockdb), attempts,
+                                         limit};
+                side_send(r, SIDE_TAKE_BACK, RELAY_SQL_TAKE_BACK_OWN, 4, params, now);
+                return;
+        }
+        for (int c = C_LOCK; c <= C_MARK; c++) {
+                double since;
+                const char *running = db_async_running(db_of(r, c), &since);
+                if (running && now - since > BLOCKED_REPORT_S && r->blockers_for[c] != since) {
+                        char pid[16];
+                        snprintf(pid, sizeof pid, "%d", db_backend_pid(db_of(r, c)));
+                        const char *params[1] = {pid};
+                        r->blockers_for[c] = since;
+                        r->blockers_conn = c;
+                        side_send(r, SIDE_BLOCKERS, RELAY_SQL_BLOCKERS, 1, params, now);
+                        return;
+                }
+        }
+        if (now >= r->next_sample && !r->stopping && stmt_may_run(r, RELAY_SQL_SAMPLE, now)) {
+                r->sample_started = now;
+                side_send(r, SIDE_SAMPLE, RELAY_SQL_SAMPLE, 0, NULL, now);
+        }
+}
+
+/* After a sample: the next step of the sampling chain, or none. */
+static void sample_next(struct relay *r, enum side_task done, double now) {
+        char age[16], max[16];
+        if (done == SIDE_SAMPLE && r->cfg->ordering == ORDERING_AGGREGATE &&
+            stmt_may_run(r, RELAY_SQL_GAPS, now)) {
+                snprintf(age, sizeof age, "%d", GAP_REPORT_AFTER_S);
+                snprintf(max, sizeof max, "%d", GAP_LOG_MAX);
+                const char *params[2] = {age, max};
+                side_send(r, SIDE_GAPS, RELAY_SQL_GAPS, 2, params, now);
+                return;
+        }
+        if (done == SIDE_SAMPLE || done == SIDE_GAPS) {
+                struct buf *keys = &r->list;
+                buf_reset(keys);
+                int bad = buf_append(keys, "{", 1);
+                for (size_t i = 0; i < r->ngap_keys && !bad; i++)
+                        bad = buf_appendf(keys, "%s%lld", i ? "," : "", r->gap_keys[i]);
+                if (!bad && !buf_append(keys, "}", 1)) {
+                        const char *params[1] = {keys->data};
+                        side_send(r, SIDE_HELD, RELAY_SQL_HELD, 1, params, now);
+                        return;
+                }
+        }
+        if ((done == SIDE_HELD || done == SIDE_GAPS) && r->cfg->ordering != ORDERING_NONE) {
+                side_send(r, SIDE_HORIZON, RELAY_SQL_HORIZON, 0, NULL, now);
+                return;
+        }
+        /* the chain is done: time the next sample by how long this one took */
+        double took = now - r->sample_started;
+        int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
+        r->next_sample = r->sample_started + (slow ? took * SAMPLE_SPACING : SAMPLE_INTERVAL_S);
+        if (slow != r->sample_slow)
+                log_info("relay",
+                         slow ? "table sample slow, sampling less often"
+                              : "table sample fast again, sampling at the usual interval",
+                         "seconds=%.3f next_in_s=%.1f", took, r->next_sample - now);
+        r->sample_slow = slow;
+}
+
+static double value_f(const struct db_result *res, int row, int col) {
+        /* float8 in the binary format: the IEEE 754 bits, big-endian */
+        long long bits = db_int(db_result_value(res, row, col), 8);
+        double d;
+        memcpy(&d, &bits, sizeof d);
+        return d;
+}
+
+static void sampled(struct relay *r, const struct db_result *res) {
+        static const char *const status[5] = {"PENDING", "PUBLISHING", "PUBLISHED", "FAILED",
+                                              "DEAD"};
+        if (db_result_rows(res) != 1)
+                return;
+        for (int i = 0; i < 5; i++)
+                metrics_set(M_EVENTS, status[i], value_f(res, 0, i));
+        metrics_set(M_OLDEST_PENDING_AGE, NULL, value_f(res, 0, 5));
+        metrics_set(M_HELD_AGGREGATES, "dead", value_f(res, 0, 7));
+        r->ngap_keys = 0;
+}
+
+static void gaps_found(struct relay *r, const struct db_result *res) {
+        int n = db_result_rows(res);
+        long long total = n ? db_int(db_result_value(res, 0, 7), 8) : 0;
+        metrics_set(M_VERSION_GAPS, NULL, (double)total);
+        metrics_set(M_HELD_AGGREGATES, "gap", (double)total);
+        metrics_set(M_VERSION_GAP_AGE, NULL, n ? value_f(res, 0, 5) : 0);
+        r->ngap_keys = 0;
+        for (int k = 0; k < n && r->ngap_keys < GAP_LOG_MAX; k++) {
+                r->gap_keys[r->ngap_keys++] = db_int(db_result_value(res, k, 6), 8);
+                if (!gap_is_new(r, gap_hash(res, k)))
+                        continue;
+                long long held = db_int(db_result_value(res, k, 3), 8);
+                long long prev = db_int(db_result_value(res, k, 4), 8);
+                log_warn("relay", "version gap holds an aggregate",
+                         "tenant_id=%s aggregate_type=%s aggregate_id=%s held_version=%lld "
+                         "missing_from=%lld missing_to=%lld age_s=%.0f",
+                         db_result_value(res, k, 0), db_result_value(res, k, 1),
+                         db_result_value(res, k, 2), held, prev + 1, held - 1,
+                         value_f(res, k, 5));
+        }
+}
+
+static void horizon_seen(struct relay *r, const struct db_result *res) {
+        int holds = db_result_rows(res) == 1 && db_result_length(res, 0, 5) == 1 &&
+                    db_result_value(res, 0, 5)[0];
+        double age = holds ? value_f(res, 0, 4) : 0;
+        if (!holds || age < HORIZON_REPORT_S) {
+                if (r->horizon_pid)
+                        log_info("relay", "the long transaction ended or no longer holds rows back",
+                                 NULL);
+                r->horizon_pid = 0;
+                metrics_set(M_OLDEST_TXN_AGE, NULL, 0);
+                return;
+        }
+        int pid = db_result_isnull(res, 0, 0) ? -1 : (int)db_int(db_result_value(res, 0, 0), 4);
+        metrics_set(M_OLDEST_TXN_AGE, NULL, age);
+        if (pid == r->horizon_pid)
+                return;
+        r->horizon_pid = pid;
+        log_warn("relay", "a long transaction holds rows back",
+                 "pid=%d age_s=%.0f database=%s application_name=%s state=%s", pid, age,
+                 db_result_isnull(res, 0, 1) ? "-" : db_result_value(res, 0, 1),
+                 db_result_isnull(res, 0, 2) ? "-" : db_result_value(res, 0, 2),
+                 db_result_isnull(res, 0, 3) ? "-" : db_result_value(res, 0, 3));
+}
+
+static void blockers_seen(struct relay *r, const struct db_result *res) {
+        double since;
+        const char *running = db_async_running(db_of(r, r->blockers_conn), &since);
+        for (int k = 0; k < db_result_rows(res); k++)
+                log_warn("db", "a statement waits for another session",
+                         "connection=%s statement=%s waiting_s=%.1f blocker_pid=%lld "
+                         "blocker_database=%s blocker_application=%s blocker_state=%s "
+                         "blocker_wait=%s blocker_xact_age_s=%.0f blocker_command=%s",
+                         conn_names[r->blockers_conn], running ? running : "-",
+                         running ? clock_mono_s() - since : 0.0,
+                         db_int(db_result_value(res, k, 0), 4), db_result_value(res, k, 1),
+                         db_result_value(res, k, 2), db_result_value(res, k, 3),
+                         db_result_value(res, k, 4), value_f(res, k, 5),
+                         db_result_value(res, k, 6));
+}
+
+static void side_result(struct relay *r, struct db_result *res, double now) {
+        enum side_task task = r->side_task;
+        static const int stmt_of[] = {[SIDE_TAKE_BACK] = RELAY_SQL_TAKE_BACK_OWN,
+                                      [SIDE_SAMPLE] = RELAY_SQL_SAMPLE,
+                                      [SIDE_GAPS] = RELAY_SQL_GAPS,
+                                      [SIDE_HELD] = RELAY_SQL_HELD,
+                                      [SIDE_HORIZON] = RELAY_SQL_HORIZON,
+                                      [SIDE_BLOCKERS] = RELAY_SQL_BLOCKERS};
+        r->side_task = SIDE_IDLE;
+        if (task == SIDE_IDLE) {
+                db_result_free(res);
+                return;
+        }
+        int stmt = stmt_of[task];
+        if (!db_result_ok(res)) {
+                if (*db_result_sqlstate(res))
+                        stmt_failed(r, C_SIDE, stmt, res, now);
+                if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD ||
+                    task == SIDE_HORIZON)
+                        r->next_sample = now + SAMPLE_INTERVAL_S;
+                db_result_free(res);
+                return;
+        }
+        stmt_ok(r, stmt);
+        switch (task) {
+        case SIDE_TAKE_BACK: {
+                long long n = db_result_rows(res) ? db_int(db_result_value(res, 0, 0), 8) : 0;
+                long long dead = db_result_rows(res) ? db_int(db_result_value(res, 0, 1), 8) : 0;
+                if (n)
+                        log_warn("relay", "took back rows locked under this relay id",
+                                 "rows=%lld dead=%lld", n, dead);
+                r->take_back_wanted = n >= TAKE_BACK_LIMIT;
+                if (n)
+                        r->lock_wanted = 1;
+                break;
+        }
+        case SIDE_SAMPLE: sampled(r, res); break;
+        case SIDE_GAPS: gaps_found(r, res); break;
+        case SIDE_HELD:
+                if (db_result_rows(res) == 1) {
+                        metrics_set(M_OLDEST_DUE_AGE, NULL, value_f(res, 0, 0));
+                        metrics_set(M_EVENTS_HELD, NULL, value_f(res, 0, 1));
+                }
+                break;
+        case SIDE_HORIZON: horizon_seen(r, res); break;
+        case SIDE_BLOCKERS: blockers_seen(r, res); break;
+        default: break;
+        }
+        db_result_free(res);
+        if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD || task == SIDE_HORIZON)
+                sample_next(r, task, now);
+}
+
+/* ---- batches, health, stopping, waiting --------------------------------- */
+
+/* Step: frees the batches whose every row is marked. */
+static void free_done(struct relay *r) {
+        struct batch **pp = &r->batches, *prev = NULL;
+        while (*pp) {
+                struct batch *b = *pp;
+                if (b->open > 0 || r->fetching == b) {
+                        prev = b;
+                        pp = &b->next;
+                        continue;
+                }
+                *pp = b->next;
+                if (r->last == b)
+                        r->last = prev;
+                r->nbatches--;
+                batch_free(b);
+        }
+        long long bytes = 0;
+        for (struct batch *b = r->batches; b; b = b->next)
+                bytes += batch_bytes(b);
+        r->bytes_held = bytes;
+        lifecycle_set_rows_held((long)r->rows_open);
+}
+
+/* Step: the readiness conditions the loop knows. */
+static void report_health(struct relay *r, double now) {
+        int up = 1;
+        const char *why = "connected";
+        const char *missing = NULL;
+        for (int c = 0; c < C_COUNT; c++) {
+                if (db_async_phase(r->conns[c].db) >= DB_IDLE)
+                        continue;
+                up = 0;
+                if (r->conns[c].why[0])
+                        why = r->conns[c].why;
+                if (db_async_table_missing(r->conns[c].db))
+                        missing = r->conns[c].why;
+        }
+        health_set(r->health, H_DATABASE, up || missing, "%s%s", up ? "" : "connecting: ",
+                   missing ? "connected" : why);
+        if (missing)
+                health_set(r->health, H_TABLE, 0, "%s", missing);
+        else if (up)
+                health_set(r->health, H_TABLE, 1, "%s", db_table_name(r->conns[C_LOCK].db));
+        health_set(r->health, H_KAFKA, kafka_broker_up(r->kafka), "%s",
+                   kafka_broker_up(r->kafka) ? "a broker is reachable" : "no broker reachable");
+        int worst = -1;
+        for (int s = 0; s < RELAY_SQL_COUNT; s++)
+                if (r->stmts[s].failures >= 2 &&
+                    (worst < 0 || r->stmts[s].failures > r->stmts[worst].failures))
+                        worst = s;
+        if (worst >= 0)
+                health_set(r->health, H_STATEMENTS, 0, "%s failing: %s %s (%d times)",
+                           relay_sql[worst].name, r->stmts[worst].sqlstate, r->stmts[worst].error,
+                           r->stmts[worst].failures);
+        else
+                health_set(r->health, H_STATEMENTS, 1, "none failing");
+        metrics_set(M_DATABASE_UP, NULL, up);
+        metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
+        if (r->http)
+                http_heartbeat(r->http);
+        (void)now;
+}
+
+/* Step: a stop request: lock nothing more, give back what was not produced,
+ * wait for the delivery reports owed, mark. */
+static void notice_stop(struct relay *r, volatile sig_atomic_t *stop, double now) {
+        if (!*stop || r->stopping)
+                return;
+        r->stopping = 1;
+        health_stopping(r->health);
+        log_info("relay", "stop requested: finishing the work in hand", "rows_publishing=%lld",
+                 r->rows_open);
+        for (struct batch *b = r->batches; b; b = b->next)
+                b->dirty = 1;
+        (void)now;
+}
+
+/* Whether the loop is done: stopping and nothing in hand (or the database
+ * stayed out of reach past the grace, or a fatal error). */
+static int finished(struct relay *r, double now) {
+        if (r->too_old)
+                return 1;
+        if (!r->stopping && !r->fatal)
+                return 0;
+        int busy_lock = db_async_phase(db_of(r, C_LOCK)) == DB_BUSY;
+        int owed = r->rows_open > 0 || busy_lock || kafka_outstanding(r->kafka) > 0 ||
+                   r->take_back_wanted;
+        if (!owed)
+                return 1;
+        /* the database is needed to finish: the mark connection for marks,
+         * the side connection (and the lock one's clock) for a take-back */
+        int reachable = db_async_phase(db_of(r, C_MARK)) >= DB_IDLE &&
+                        (!r->take_back_wanted || (db_async_phase(db_of(r, C_SIDE)) >= DB_IDLE &&
+                                                  db_async_phase(db_of(r, C_LOCK)) >= DB_IDLE));
+        if (reachable) {
+                r->stop_deadline = 0;
+                return 0;
+        }
+        if (r->stop_deadline == 0)
+                r->stop_deadline = now + STOP_GRACE_S;
+        return now > r->stop_deadline;
+}
+
+/* The next moment something timed is due (monotonic), for poll's timeout. */
+static double next_deadline(const struct relay *r, double now) {
+        double t = now + 1.0; /* the heartbeat and the health clocks */
+        for (int c = 0; c < C_COUNT; c++) {
+                const struct db *db = r->conns[c].db;
+                if (db_async_phase(db) == DB_DOWN && r->conns[c].retry_at < t)
+                        t = r->conns[c].retry_at;
+                double d = db_async_deadline(db);
+                if (d > 0 && d < t)
+                        t = d;
+        }
+        if (r->next_lock < t)
+                t = r->next_lock;
+        if (r->lock_wanted && r->lock_not_before > now && r->lock_not_before < t)
+                t = r->lock_not_before;
+        if (r->next_sample < t)
+                t = r->next_sample;
+        for (int s = 0; s < RELAY_SQL_COUNT; s++)
+                if (r->stmts[s].retry_at > now && r->stmts[s].retry_at < t)
+                        t = r->stmts[s].retry_at;
+        if (r->oldest_settled > 0) {
+                double linger = r->oldest_settled + MARK_LINGER_S;
+                if (linger > now && linger < t)
+                        t = linger;
+        }
+        return t;
+}
+
+/* Step: waits until a socket is ready, a signal came, or the next deadline. */
+static void wait_for_io(struct relay *r, double now, int wake) {
+        struct pollfd fds[C_COUNT + 2];
+        int n = 0;
+        for (int c = 0; c < C_COUNT; c++) {
+                short events = 0;
+                int fd = db_async_fd(r->conns[c].db, &events);
+                if (fd >= 0)
+                        fds[n++] = (struct pollfd){.fd = fd, .events = events};
+        }
+        fds[n++] = (struct pollfd){.fd = kafka_fd(r->kafka), .events = POLLIN};
+        if (wake >= 0)
+                fds[n++] = (struct pollfd){.fd = wake, .events = POLLIN};
+        /* something to do already: no wait */
+        int busy = 0;
+        for (struct batch *b = r->batches; b && !busy; b = b->next)
+                busy = b->dirty;
+        double t = busy ? now : next_deadline(r, now);
+        int ms = t <= now ? 0 : (int)((t - now) * 1000) + 1;
+        if (poll(fds, (nfds_t)n, ms) < 0 && errno != EINTR)
+                log_warn("relay", "poll failed", "err=%s", strerror(errno));
+        if (wake >= 0 && fds[n - 1].revents) {
+                char drain[64];
+                while (read(wake, drain, sizeof drain) > 0)
+                        ;
+        }
+        /* a NOTIFY: rows were committed */
+        if (db_async_phase(db_of(r, C_LOCK)) != DB_DOWN) {
+                pump(r, C_LOCK, clock_mono_s());
+                if (db_async_notified(db_of(r, C_LOCK)))
+                        r->lock_wanted = 1;
+        }
+}
+
+/* ---- life ---------------------------------------------------------------- */
 
 struct relay *relay_new(const struct config *cfg, struct http *http, char *errstr,
                         size_t errstr_size) {
         struct relay *r = calloc(1, sizeof *r);
+        char app[200];
         if (!r) {
                 snprintf(errstr, errstr_size, "out of memory");
                 return NULL;
@@ -117,17 +1344,37 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->cfg = cfg;
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-        r->rows = calloc((size_t)cfg->batch_size, sizeof *r->rows);
-        r->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
-        if (!r->rows || !r->db) {
-                snprintf(errstr, errstr_size, "out of memory");
-                goto fail;
+        r->lock_stmt = cfg->ordering == ORDERING_NONE         ? RELAY_SQL_LOCK_NONE
+                       : cfg->ordering == ORDERING_INCREASING ? RELAY_SQL_LOCK_INCREASING
+                                                              : RELAY_SQL_LOCK_AGGREGATE;
+        r->health = health_new(health_names, H_COUNT,
+                               2.0 * cfg->poll_interval_ms / 1000.0 +
+                                       cfg->statement_timeout_ms / 1000.0);
+        if (!r->health)
+                goto oom;
+        for (int c = 0; c < C_COUNT; c++) {
+                struct conn *cn = &r->conns[c];
+                snprintf(app, sizeof app, "outbox-relay:%s:%s", conn_names[c], cfg->relay_id);
+                struct db_session s = {
+                        .app_name = app,
+                        .statement_timeout_ms = cfg->statement_timeout_ms,
+                        .lock_timeout_ms = cfg->db_lock_timeout_ms,
+                        .fixed_plans = 1,
+                        .listen = c == C_LOCK,
+                        .sql = relay_sql,
+                        .nsql = RELAY_SQL_COUNT,
+                        .test_lock_delay_ms = cfg->test_lock_delay_ms,
+                        .test_mark_delay_ms = cfg->test_mark_delay_ms,
+                };
+                /* the side connection's statements read the whole backlog */
+                if (c == C_SIDE)
+                        s.statement_timeout_ms = cfg->statement_timeout_ms * 6;
+                cn->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
+                if (!cn->db || db_async_configure(cn->db, &s) != 0)
+                        goto oom;
+                db_set_test_hooks(cn->db, cfg->test_sample_delay_ms);
+                cn->backoff_ms = RECONNECT_MIN_MS;
         }
-        db_set_test_hooks(r->db, cfg->test_lock_delay_ms, cfg->test_sample_delay_ms);
-        db_set_order(r->db, relay_db_order(cfg->ordering));
-        r->claims = claims_new(cfg, r->db, http, errstr, errstr_size);
-        if (!r->claims)
-                goto fail;
         r->message = message_new(cfg, errstr, errstr_size);
         if (!r->message)
                 goto fail;
@@ -139,14 +1386,20 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                          !registry                            ? "no"
                          : cfg->schema_registry_auto_register ? "register"
                                                               : "lookup");
-        r->kafka = kafka_new(cfg, on_delivery, r, errstr, errstr_size);
+        r->kafka = kafka_new(cfg, on_delivery, on_stats, r, errstr, errstr_size);
         if (!r->kafka)
                 goto fail;
-        /* A wave may wait a whole delivery timeout for its reports (broker
-         * down): /healthz must not call that a stall and get the pod killed. */
-        if (http)
-                http_set_stall(http, kafka_delivery_timeout_ms(r->kafka) / 1000 + STALL_SLACK_S);
+        if (http) {
+                /* a wave may wait a whole delivery timeout for its report
+                 * (broker down): /healthz must not call that a stall */
+                http_set_stall(http, kafka_delivery_timeout_ms(r->kafka) / 1000 + 60);
+                http_set_ready_fn(http, health_readyz, r->health);
+        }
+        metrics_set_render_hook(health_refresh_metrics, r->health);
+        r->next_sample = clock_mono_s() + 1.0;
         return r;
+oom:
+        snprintf(errstr, errstr_size, "out of memory");
 fail:
         relay_destroy(r);
         return NULL;
@@ -155,378 +1408,58 @@ fail:
 void relay_destroy(struct relay *r) {
         if (!r)
                 return;
-        kafka_destroy(r->kafka); /* first: its reports point into the rows */
-        claims_destroy(r->claims);
-        db_destroy(r->db);
-        if (r->rows)
-                for (int i = 0; i < r->cfg->batch_size; i++)
-                        free(r->rows[i].topic);
-        free(r->rows);
+        if (r->http)
+                http_set_ready_fn(r->http, NULL, NULL);
+        metrics_set_render_hook(NULL, NULL);
+        kafka_destroy(r->kafka); /* first: its reports point into the batches */
+        while (r->batches) {
+                struct batch *b = r->batches;
+                r->batches = b->next;
+                batch_free(b);
+        }
+        for (int c = 0; c < C_COUNT; c++)
+                db_destroy(r->conns[c].db);
         message_destroy(r->message);
+        health_destroy(r->health);
+        for (int k = 0; k < 6; k++)
+                buf_free(&r->mp[k]);
+        buf_free(&r->list);
+        free(r->marking);
         free(r);
 }
 
-/* A row that never reached the producer. */
-static void row_fail(struct row_state *st, int permanent, int uncounted, const char *code,
-                     const char *msg) {
-        st->done = 1;
-        st->ok = 0;
-        st->permanent = permanent;
-        st->uncounted = uncounted;
-        st->code = code;
-        snprintf(st->message, sizeof st->message, "%.159s", msg);
-        encode_utf8_clean(st->message); /* cut mid-character, or foreign text */
-}
-
-/* Encodes and produces one row; records an immediate failure in its state. */
-static void produce_row(struct relay *r, const struct outbox_event *ev, struct row_state *st) {
-        struct message_parts m;
-        struct message_error why;
-
-        int built = message_build(r->message, ev, &m, &why);
-        /* the topic outlives the message: the delivery report's metrics and
-         * the log name it */
-        if (m.topic && !(st->topic = strdup(m.topic))) {
-                row_fail(st, 0, 0, "ENCODE_FAILED", "out of memory");
-                return;
-        }
-        if (built != 0) {
-                row_fail(st, why.permanent, why.uncounted, why.code, why.text);
-                return;
-        }
-        st->size = m.value_len;
-        struct kafka_result res;
-        if (kafka_produce(r->kafka, m.topic, m.key, m.key_len, m.value, m.value_len, m.headers,
-                          m.header_count, st, &res) != 0)
-                row_fail(st, res.permanent, 0, res.code, res.message);
-        else
-                metrics_observe(M_EVENT_SIZE, (double)m.value_len);
-}
-
-/* Waits for every delivery report of wave `wave` (bounded by the delivery
- * timeout), reading the lock ahead's rows as they come so the server
- * finishes that transaction meanwhile. Then handles a fatal producer error:
- * acknowledged rows stay acknowledged, the wave's others fail and the
- * producer is rebuilt. */
-static int await_reports(struct relay *r, size_t n, int wave) {
-        char err[512];
-        kafka_wait(r->kafka, kafka_delivery_timeout_ms(r->kafka) + DELIVERY_SLACK_MS,
-                   claims_ahead_pending(r->claims) ? claims_poll_ahead : NULL, r->claims);
-        if (r->http)
-                http_heartbeat(r->http);
-        for (size_t i = 0; i < n; i++)
-                if (r->rows[i].wave == wave && !r->rows[i].done)
-                        row_fail(&r->rows[i], 0, 0, "_TIMED_OUT", "no delivery report in time");
-        int fatal = kafka_fatal(r->kafka, err, sizeof err);
-        if (!fatal && kafka_outstanding(r->kafka) == 0)
-                return 0;
-        if (!fatal) {
-                /* Reports even a purge did not bring: they must never land in
-                 * a later batch's row states, so the producer goes. */
-                snprintf(err, sizeof err, "%d delivery reports missing after a purge",
-                         kafka_outstanding(r->kafka));
-        }
-        log_error("kafka", "rebuilding the producer", "reason=%s", err);
-        for (size_t i = 0; i < n; i++)
-                if (r->rows[i].wave == wave && !r->rows[i].ok)
-                        row_fail(&r->rows[i], 0, 0, "_FATAL", err);
-        kafka_destroy(r->kafka);
-        r->kafka = kafka_new(r->cfg, on_delivery, r, err, sizeof err);
-        if (!r->kafka) {
-                log_error("kafka", "cannot rebuild the producer", "reason=%s", err);
-                return -1;
-        }
-        return 0;
-}
-
-/* Numbers each row's position in its aggregate's run of consecutive versions
- * (rows come ordered by aggregate and version; without the guard every row is
- * wave 0). Version n+1 is produced in the wave after n, once n's delivery
- * report said it was acknowledged: an idempotent producer keeps order within a
- * partition but may leave a gap when a message times out, and a later version
- * must never reach Kafka before an earlier one. Returns the wave count. */
-static int assign_waves(struct relay *r, const struct db_batch *b) {
-        int waves = 0;
-        for (size_t i = 0; i < b->count; i++) {
-                const struct outbox_event *e = &b->events[i], *p = e - 1;
-                free(r->rows[i].topic);
-                memset(&r->rows[i], 0, sizeof r->rows[i]);
-                if (i > 0 && r->cfg->ordering != ORDERING_NONE &&
-                    !strcmp(e->aggregate_id, p->aggregate_id) &&
-                    !strcmp(e->aggregate_type, p->aggregate_type) &&
-                    !strcmp(e->tenant_id, p->tenant_id))
-                        r->rows[i].wave = r->rows[i - 1].wave + 1;
-                if (r->rows[i].wave + 1 > waves)
-                        waves = r->rows[i].wave + 1;
-        }
-        return waves;
-}
-
-/* A version committed after a later one of its aggregate was published: it
- * cannot reach Kafka in order, so it goes DEAD unsent, and says why. */
-static void late_row(const struct outbox_event *ev, struct row_state *st) {
-        char why[160];
-        snprintf(why, sizeof why,
-                 "version %lld committed after version %lld was published: not sent "
-                 "(per-aggregate order)",
-                 ev->aggregate_version, ev->late_after);
-        row_fail(st, 1, 0, "LATE_VERSION", why);
-}
-
-/* Produces the batch wave by wave, each wave's reports awaited before the
- * next; a version whose predecessor was not acknowledged (or after a stop
- * request, or a lost producer) is not produced but given back. -1 when the
- * producer could not be rebuilt. */
-static int produce_waves(struct relay *r, const struct db_batch *b, volatile sig_atomic_t *stop) {
-        int waves = assign_waves(r, b);
-        int rc = 0;
-        for (int w = 0; w < waves; w++) {
-                for (size_t i = 0; i < b->count; i++) {
-                        struct row_state *st = &r->rows[i];
-                        if (st->wave != w)
-                                continue;
-                        if (b->events[i].late) {
-                                late_row(&b->events[i], st);
-                                continue;
-                        }
-                        /* rows[i - 1] is the previous version of the same aggregate */
-                        if (w > 0 && (rc != 0 || *stop || !r->rows[i - 1].ok)) {
-                                st->done = st->released = 1;
-                                continue;
-                        }
-                        produce_row(r, &b->events[i], st);
-                }
-                if (rc == 0)
-                        rc = await_reports(r, b->count, w);
-        }
-        return rc;
-}
-
-/* Turns row states into outcomes and counts them in the metrics. */
-static size_t build_outcomes(struct relay *r, const struct db_batch *b, struct db_outcome *outs,
-                             double acked_at) {
+int relay_run(struct relay *r, volatile sig_atomic_t *stop, int wake) {
         const struct config *cfg = r->cfg;
-        size_t n = b->count, failed = 0, dead = 0;
-        const char *first_code = NULL;
-        for (size_t i = 0; i < n; i++) {
-                const struct outbox_event *ev = &b->events[i];
-                struct row_state *st = &r->rows[i];
-                struct db_outcome *o = &outs[i];
-                o->outbox_id = ev->outbox_id;
-                o->tid = ev->tid;
-                o->code = st->code;
-                o->message = st->message;
-                o->delay_ms = 0;
-                o->uncounted = 0;
-                o->marked = 0;
-                if (st->released) {
-                        o->mark = DB_MARK_RELEASED;
-                        o->code = o->message = NULL;
-                        continue;
-                }
-                if (st->ok) {
-                        o->mark = DB_MARK_PUBLISHED;
-                        o->code = o->message = NULL;
-                        metrics_add(M_EVENTS_PUBLISHED, st->topic, 1);
-                        metrics_observe(M_PUBLISH_LATENCY, acked_at - ev->occurred_at_epoch);
-                        continue;
-                }
-                if (st->permanent || (!st->uncounted && ev->attempt_count >= cfg->max_attempts)) {
-                        o->mark = DB_MARK_DEAD;
-                        if (!st->permanent) {
-                                char why[sizeof st->message];
-                                snprintf(why, sizeof why, "%.100s (attempt %d of %d)", st->message,
-                                         ev->attempt_count, cfg->max_attempts);
-                                memcpy(st->message, why, sizeof why);
-                                encode_utf8_clean(st->message);
-                        }
-                        metrics_add(M_EVENTS_DEAD, st->code, 1);
-                        log_warn("relay", "event dead", "outbox_id=%s topic=%s err=%s reason=%s",
-                                 ev->outbox_id, st->topic ? st->topic : "-", st->code, st->message);
-                        dead++;
-                } else {
-                        o->mark = DB_MARK_FAILED;
-                        o->uncounted = st->uncounted;
-                        o->delay_ms = relay_backoff_ms(ev->attempt_count, cfg->backoff_initial_ms,
-                                                       cfg->backoff_max_ms, &r->seed);
-                        metrics_add(M_EVENTS_FAILED, st->code, 1);
-                        failed++;
-                }
-                if (!first_code)
-                        first_code = st->code;
-        }
-        if (failed)
-                log_warn("relay", "events failed, will retry",
-                         "failed=%zu dead=%zu batch=%zu err=%s", failed, dead, n, first_code);
-        return n;
-}
-
-/* One batch: lock (and lock the next one ahead), produce in waves, mark.
- * Returns rows locked, or -1. */
-static long run_batch(struct relay *r, volatile sig_atomic_t *stop) {
-        double started = clock_mono_s();
-        const struct db_batch *b;
-        if (claims_lock(r->claims, stop, &b) != 0)
-                return -1;
-        if (b->count == 0)
-                return 0;
-        int rc = produce_waves(r, b, stop);
-        claims_receive_ahead(r->claims);
-        size_t n = build_outcomes(r, b, claims_outcomes(r->claims), clock_wall_s());
-        if (claims_settle(r->claims, n, stop) != 0)
-                rc = -1;
-        metrics_add(M_BATCHES, NULL, 1);
-        metrics_observe(M_BATCH_DURATION, clock_mono_s() - started);
-        log_debug("relay", "batch done", "rows=%zu seconds=%.3f", n, clock_mono_s() - started);
-        return rc == 0 ? (long)n : -1;
-}
-
-/* Hash of a gap's aggregate and held version. */
-static unsigned long long gap_hash(const struct db_gap *g) {
-        unsigned long long h = 1469598103934665603ULL;
-        const char *parts[3] = {g->tenant_id, g->aggregate_type, g->aggregate_id};
-        for (int i = 0; i < 3; i++)
-                for (const char *p = parts[i];; p++) {
-                        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-                        if (!*p)
-                                break;
-                }
-        return h ^ (unsigned long long)g->held_version * 0x9E3779B97F4A7C15ULL;
-}
-
-/* 1 the first time gap g is seen (remembered from then on). */
-static int gap_is_new(struct relay *r, const struct db_gap *g) {
-        unsigned long long h = gap_hash(g);
-        for (size_t i = 0; i < r->ngaps_seen; i++)
-                if (r->gaps_seen[i] == h)
-                        return 0;
-        if (r->ngaps_seen == GAP_SEEN_MAX)
-                r->ngaps_seen = 0;
-        r->gaps_seen[r->ngaps_seen++] = h;
-        return 1;
-}
-
-/* Consecutive versions: versions held by a missing one, in the gauges, and
- * a line for each gap the first time it is seen. */
-static void sample_gaps(struct relay *r) {
-        struct db_gap gaps[GAP_LOG_MAX];
-        size_t n;
-        long long total;
-        char err[512];
-        if (db_version_gaps(r->db, GAP_REPORT_AFTER_S, gaps, GAP_LOG_MAX, &n, &total, err,
-                            sizeof err) != 0) {
-                log_warn("db", "looking for version gaps failed", "err=%s", err);
-                return;
-        }
-        metrics_set(M_VERSION_GAPS, NULL, (double)total);
-        metrics_set(M_VERSION_GAP_AGE, NULL, n ? gaps[0].age_s : 0);
-        for (size_t i = 0; i < n; i++)
-                if (gap_is_new(r, &gaps[i]))
-                        log_warn("relay", "version gap holds an aggregate",
-                                 "tenant_id=%s aggregate_type=%s aggregate_id=%s held_version=%lld "
-                                 "missing_from=%lld missing_to=%lld age_s=%.0f",
-                                 gaps[i].tenant_id, gaps[i].aggregate_type, gaps[i].aggregate_id,
-                                 gaps[i].held_version, gaps[i].prev_version + 1,
-                                 gaps[i].held_version - 1, gaps[i].age_s);
-}
-
-/* Keeps the planner's picture of the backlog true. The guard's probes pick
- * their index by how many rows it believes unpublished: with statistics taken
- * while the outbox was empty, a burst's lock statements ran 10 to 20 times
- * slower (the wrong partial index, scanned whole), until autovacuum analyzed
- * again, after a tenth of the table changed. */
-static void check_planner_stats(struct relay *r, double unpublished) {
-        char err[512];
-        double planned;
-        double t = clock_mono_s();
-        if (t < r->analyze_after)
-                return;
-        if (db_planned_unpublished(r->db, &planned, err, sizeof err) != 0) {
-                log_debug("db", "planner estimate failed", "err=%s", err);
-                return;
-        }
-        double lo = planned < unpublished ? planned : unpublished;
-        double hi = planned < unpublished ? unpublished : planned;
-        if (hi - lo < STATS_OFF_ROWS || hi < lo * STATS_OFF_FACTOR)
-                return;
-        if (db_analyze(r->db, err, sizeof err) != 0) {
-                log_warn("db", "planner statistics out of date and ANALYZE failed",
-                         "planned_unpublished=%.0f unpublished=%.0f err=%s", planned, unpublished,
-                         err);
-                r->analyze_after = t + STATS_REFUSED_EVERY_S;
-                return;
-        }
-        log_info("db", "planner statistics out of date: analyzed the table",
-                 "planned_unpublished=%.0f unpublished=%.0f seconds=%.3f", planned, unpublished,
-                 clock_mono_s() - t);
-        r->analyze_after = t + STATS_ANALYZE_EVERY_S;
-}
-
-static void sample_table(struct relay *r) {
-        double counts[DB_ROW_STATUS_COUNT], age;
-        char err[512];
-        double t = clock_mono_s();
-        if (t < r->next_sample)
-                return;
-        r->next_sample = t + SAMPLE_INTERVAL_S;
-        if (db_sample(r->db, counts, &age, err, sizeof err) != 0) {
-                log_warn("db", "sampling the table failed", "err=%s", err);
-                return;
-        }
-        if (r->cfg->ordering == ORDERING_AGGREGATE)
-                sample_gaps(r);
-        check_planner_stats(r, counts[DB_ROW_PENDING] + counts[DB_ROW_PUBLISHING] +
-                                       counts[DB_ROW_FAILED] + counts[DB_ROW_DEAD]);
-        double took = clock_mono_s() - t;
-        int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
-        if (slow)
-                r->next_sample = t + took * SAMPLE_SPACING;
-        if (slow != r->sample_slow)
-                log_info("relay",
-                         slow ? "table sample slow, sampling less often"
-                              : "table sample fast again, sampling at the usual interval",
-                         "seconds=%.3f next_in_s=%.1f", took, r->next_sample - t);
-        r->sample_slow = slow;
-        log_debug("relay", "table sampled", "seconds=%.3f next_in_s=%.1f", took,
-                  r->next_sample - t);
-        for (int i = 0; i < DB_ROW_STATUS_COUNT; i++)
-                metrics_set(M_EVENTS, db_row_status_names[i], counts[i]);
-        metrics_set(M_OLDEST_PENDING_AGE, NULL, age);
-}
-
-/* The liveness signals of one loop turn: /healthz and the heartbeat gauge. */
-static void heartbeat(struct relay *r) {
-        if (r->http)
-                http_heartbeat(r->http);
-        metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
-}
-
-int relay_run(struct relay *r, volatile sig_atomic_t *stop) {
         log_info("relay", "started", "relay_id=%s table=%s batch_size=%d ordering=%s",
-                 r->cfg->relay_id, r->cfg->table, r->cfg->batch_size,
-                 r->cfg->ordering == ORDERING_AGGREGATE    ? "aggregate"
-                 : r->cfg->ordering == ORDERING_INCREASING ? "increasing"
-                                                           : "none");
-        while (!*stop) {
-                heartbeat(r);
-                if (claims_ready(r->claims, stop) != 0)
-                        continue;
-                if (r->http)
-                        http_set_ready(r->http, kafka_broker_up(r->kafka));
-                sample_table(r);
-                long n = run_batch(r, stop);
-                if (n < 0 && !r->kafka)
-                        break; /* the producer could not be rebuilt */
-                if (n > 0)
-                        continue; /* more may be due at once (next versions, backlog) */
-                if (n < 0)
-                        /* no hot loop on a failing query */
-                        lifecycle_nap(r->http, r->cfg->poll_interval_ms, stop);
-                else if (db_wait(r->db, r->cfg->poll_interval_ms) < 0)
-                        log_warn("db", "connection lost while idle", NULL);
-                kafka_poll(r->kafka, 0);
+                 cfg->relay_id, cfg->table, cfg->batch_size,
+                 cfg->ordering == ORDERING_AGGREGATE    ? "aggregate"
+                 : cfg->ordering == ORDERING_INCREASING ? "increasing"
+                                                        : "none");
+        for (;;) {
+                double now = clock_mono_s();
+                notice_stop(r, stop, now);
+                if (finished(r, now))
+                        break;
+                keep_connections(r, now);
+                serve_kafka(r, now);
+                produce(r, now);
+                lock_or_fetch(r, now);
+                mark(r, now);
+                side_work(r, now);
+                free_done(r);
+                report_health(r, now);
+                wait_for_io(r, now, wake);
         }
-        claims_finish(r->claims, stop);
-        log_info("relay", "stopped", "relay_id=%s", r->cfg->relay_id);
-        return claims_left_behind(r->claims) || !r->kafka ? 1 : 0;
+        if (r->too_old) {
+                log_error("relay", "cannot run on this server", "err=%s",
+                          r->conns[C_LOCK].why[0] ? r->conns[C_LOCK].why : "too old");
+                return 2;
+        }
+        int left = r->rows_open > 0 || r->take_back_wanted;
+        if (left)
+                log_error("relay", "stopping with rows left PUBLISHING for the sweeper",
+                          "rows=%lld unknown_lock=%s", r->rows_open,
+                          r->take_back_wanted ? "yes" : "no");
+        log_info("relay", "stopped", "relay_id=%s", cfg->relay_id);
+        return left || r->fatal ? 1 : 0;
 }

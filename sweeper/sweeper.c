@@ -7,6 +7,8 @@
 
 #include "clock.h"
 #include "db.h"
+#include "db_async.h"
+#include "health.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
@@ -16,11 +18,17 @@
  * once. */
 #define PARK_BATCH_FACTOR 10
 
+/* The readiness conditions. */
+enum { H_DATABASE, H_TABLE, H_SWEEP, H_COUNT };
+static const char *const health_names[H_COUNT] = {"database", "table", "sweep"};
+
 struct sweeper {
         const struct config *cfg;
         struct http *http;
+        struct health *health;
         struct db *db;
         int reconnect_ms;
+        int stop_logged;
 };
 
 static void beat(struct sweeper *s) {
@@ -43,18 +51,31 @@ struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *e
         s->http = http;
         s->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
         s->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
-        if (!s->db) {
+        s->health = health_new(health_names, H_COUNT, 0);
+        /* The sweeper's statements read whole ranges of a backlog: a longer
+         * statement timeout than the relay's, the same lock timeout. */
+        struct db_session session = {.app_name = "outbox-sweeper",
+                                     .statement_timeout_ms = cfg->statement_timeout_ms * 6,
+                                     .lock_timeout_ms = cfg->db_lock_timeout_ms};
+        if (!s->db || !s->health || db_async_configure(s->db, &session) != 0) {
                 snprintf(errstr, errstr_size, "out of memory");
-                free(s);
+                sweeper_destroy(s);
                 return NULL;
         }
+        if (http)
+                http_set_ready_fn(http, health_readyz, s->health);
+        metrics_set_render_hook(health_refresh_metrics, s->health);
         return s;
 }
 
 void sweeper_destroy(struct sweeper *s) {
         if (!s)
                 return;
+        if (s->http)
+                http_set_ready_fn(s->http, NULL, NULL);
+        metrics_set_render_hook(NULL, NULL);
         db_destroy(s->db);
+        health_destroy(s->health);
         free(s);
 }
 
@@ -142,10 +163,17 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
 /* Connects if needed (ready once connected); on failure waits the backoff
  * and returns -1. */
 static int ensure_db(struct sweeper *s, volatile sig_atomic_t *stop) {
-        if (lifecycle_ensure_db(s->db, &s->reconnect_ms, s->http, stop) != 0)
+        if (lifecycle_ensure_db(s->db, &s->reconnect_ms, s->http, stop) != 0) {
+                int missing = db_async_table_missing(s->db);
+                health_set(s->health, H_DATABASE, missing, "%s",
+                           missing ? "connected" : "cannot connect (see the log)");
+                if (missing)
+                        health_set(s->health, H_TABLE, 0, "table %s does not exist",
+                                   s->cfg->table);
                 return -1;
-        if (s->http)
-                http_set_ready(s->http, 1);
+        }
+        health_set(s->health, H_DATABASE, 1, "connected");
+        health_set(s->health, H_TABLE, 1, "%s", db_table_name(s->db));
         return 0;
 }
 
@@ -158,10 +186,12 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         if (rc != 0) {
                 log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
                          res.stale_reset, res.deleted, err);
-                if (s->http && !db_connected(s->db))
-                        http_set_ready(s->http, 0);
+                health_set(s->health, H_SWEEP, 0, "sweep failed: %s", err);
+                if (!db_connected(s->db))
+                        health_set(s->health, H_DATABASE, 0, "connection lost");
                 return -1;
         }
+        health_set(s->health, H_SWEEP, 1, "last sweep completed");
         if (res.stale_reset || res.deleted || res.parked || res.unparked)
                 log_info("sweeper", "sweep done",
                          "stale_reset=%lld parked=%lld unparked=%lld deleted=%lld statements=%d "
@@ -173,6 +203,15 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
                           "stale_reset=0 deleted=0 statements=%d seconds=%.3f", res.statements,
                           clock_mono_s() - started);
         return 0;
+}
+
+/* Says once that a stop was asked for. */
+static void notice_stop(struct sweeper *s, volatile sig_atomic_t *stop) {
+        if (*stop && !s->stop_logged) {
+                s->stop_logged = 1;
+                health_stopping(s->health);
+                log_info("sweeper", "stop requested: finishing the statement in hand", NULL);
+        }
 }
 
 int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
@@ -196,6 +235,7 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                         if (db_connected(s->db)) /* a failed statement, not a lost database */
                                 nap(s, 1000, stop);
                 }
+                notice_stop(s, stop);
                 log_info("sweeper", "stopped", NULL);
                 return 0;
         }
@@ -210,6 +250,7 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                 }
                 nap(s, (long long)cfg->sweep_interval_s * 1000, stop);
         }
+        notice_stop(s, stop);
         log_info("sweeper", "stopped", NULL);
         return 0;
 }

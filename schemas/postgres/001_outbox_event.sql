@@ -38,8 +38,10 @@ CREATE TABLE IF NOT EXISTS outbox_event (
     txid               xid8        NULL DEFAULT pg_current_xact_id(),
     CONSTRAINT outbox_event_status_check
         CHECK (status IN ('PENDING', 'PUBLISHING', 'PUBLISHED', 'FAILED', 'DEAD')),
+    -- aggregate_id first: it tells rows apart at the first column, so the
+    -- index's comparisons (every insert, every mark) rarely read the others.
     CONSTRAINT outbox_event_aggregate_version_key
-        UNIQUE (tenant_id, aggregate_type, aggregate_id, aggregate_version, event_type),
+        UNIQUE (aggregate_id, aggregate_version, aggregate_type, tenant_id, event_type),
     -- The partial indexes below tell published from unpublished rows by
     -- published_at, not by status (see there): the two must agree.
     CONSTRAINT outbox_event_published_at_check
@@ -76,12 +78,16 @@ CREATE INDEX IF NOT EXISTS outbox_event_due_idx
     ON outbox_event (available_at, aggregate_version)
     WHERE published_at IS NULL;
 
--- The per-aggregate guard probes "a lower version of this aggregate that is not
--- PUBLISHED": partial over unpublished rows, so the probe costs the same however
--- long the aggregate's published history is.
-CREATE INDEX IF NOT EXISTS outbox_event_unpublished_idx
-    ON outbox_event (tenant_id, aggregate_type, aggregate_id, aggregate_version)
-    WHERE published_at IS NULL;
+-- The per-aggregate guard: an aggregate's versions, every status, by a 64-bit
+-- key of (tenant_id, aggregate_type, aggregate_id), so that the probes of
+-- the lock statements compare integers, and whether each is unpublished, so
+-- a probe finds the unpublished (or the published) rows of a version first.
+-- The probes also check the three columns, so two aggregates with the same
+-- key never decide for each other.
+CREATE INDEX IF NOT EXISTS outbox_event_agg_idx
+    ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
+                       hashtextextended(tenant_id, 0))),
+                     aggregate_version, (published_at IS NULL));
 
 -- The sweeper's retention delete, by publish time. Each aggregate's latest
 -- published row is kept (the guard tells a gap from a first version by it)

@@ -58,10 +58,14 @@ BEGIN
             ('outbox_event_published_idx', '(published_at)', 'published_at IS NOT NULL'))
             AS v(name, def, pred)
     LOOP
-        -- 004 replaced the retention index: never build the old one again
+        -- 004 replaced the retention index, 006 the guard's: never build
+        -- the old ones again
         CONTINUE WHEN ix.name = 'outbox_event_published_idx' AND EXISTS (
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             WHERE i.indrelid = t AND c.relname = 'outbox_event_retention_idx');
+        CONTINUE WHEN ix.name = 'outbox_event_unpublished_idx' AND EXISTS (
+            SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+            WHERE i.indrelid = t AND c.relname = 'outbox_event_agg_idx');
         IF NOT EXISTS (
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             WHERE i.indrelid = t AND c.relname = ix.name AND i.indisvalid

@@ -231,7 +231,8 @@ def test_upgrade_migration_from_status_indexes(db):
          "payload_json": {}, "status": st} for v, st in ((1, "PUBLISHED"), (2, "DEAD"),
                                                         (3, "PENDING"))])
     migrations = [os.path.join(harness.repo_root(), "schemas", "postgres", name)
-                  for name in ("002_hot_lock_upgrade.sql", "004_version_order.sql")]
+                  for name in ("002_hot_lock_upgrade.sql", "004_version_order.sql",
+                               "006_guard_index.sql")]
 
     def apply():
         for migration in migrations:
@@ -246,10 +247,15 @@ def test_upgrade_migration_from_status_indexes(db):
     assert {r["name"]: r["pred"] for r in first} == {
         "outbox_event_aggregate_version_key": None, "outbox_event_pkey": None,
         "outbox_event_due_idx": "(published_at IS NULL)",
-        "outbox_event_unpublished_idx": "(published_at IS NULL)",
+        "outbox_event_agg_idx": None,
         "outbox_event_retention_idx":
             "((published_at IS NOT NULL) AND (available_at <> 'infinity'::timestamp with time zone))"}
     assert apply() == first  # nothing rebuilt the second time
+    key = db.execute("SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint"
+                     " WHERE conrelid = %s::regclass AND conname ="
+                     " 'outbox_event_aggregate_version_key'", (t,))
+    assert key == [{"def": "UNIQUE (aggregate_id, aggregate_version, aggregate_type, tenant_id,"
+                           " event_type)"}]
     checks = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
                         " AND contype = 'c' ORDER BY 1", (t,))
     assert [r["conname"] for r in checks] == ["outbox_event_parked_check",

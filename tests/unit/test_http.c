@@ -228,22 +228,38 @@ Test(http, healthz_200_right_after_start) {
         cr_expect_eq(status, 200);
 }
 
-Test(http, readyz_follows_set_ready) {
+/* A readiness answer the test sets: ready or not, with one condition. */
+static int test_ready;
+static int ready_fn(void *arg, struct buf *body) {
+        (void)arg;
+        return buf_appendf(body, "{\"ready\":%s,\"conditions\":{\"test\":{\"ok\":%s,"
+                                 "\"reason\":\"set by the test\"}}}\n",
+                           test_ready ? "true" : "false", test_ready ? "true" : "false")
+                       ? -1
+                       : test_ready;
+}
+
+Test(http, readyz_answers_what_the_readiness_function_says) {
         int status = 0;
         char *resp = get("/readyz", &status);
         cr_expect_eq(status, 503);
-        cr_expect_str_eq(body_of(resp), "not ready\n");
+        cr_expect(strstr(body_of(resp), "\"ready\":false") != NULL, "%s", body_of(resp));
+        cr_expect(strstr(resp, "application/json") != NULL);
         free(resp);
 
-        http_set_ready(srv, 1);
+        test_ready = 1;
+        http_set_ready_fn(srv, ready_fn, NULL);
         resp = get("/readyz", &status);
         cr_expect_eq(status, 200);
-        cr_expect_str_eq(body_of(resp), "ready\n");
+        cr_expect(strstr(body_of(resp), "\"ready\":true") != NULL, "%s", body_of(resp));
         free(resp);
 
-        http_set_ready(srv, 0);
-        free(get("/readyz", &status));
+        test_ready = 0;
+        resp = get("/readyz", &status);
         cr_expect_eq(status, 503);
+        cr_expect(strstr(body_of(resp), "\"reason\":\"set by the test\"") != NULL);
+        free(resp);
+        http_set_ready_fn(srv, NULL, NULL);
 }
 
 Test(http, unknown_path_404) {

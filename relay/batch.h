@@ -1,0 +1,106 @@
+/* batch.h - the rows one lock statement took, from the lock to the marks:
+ * each row is its event and its outcome together (docs/DESIGN.md,
+ * "Status machine"). A batch keeps the results its rows' strings live in:
+ * the lock's answer (identity) and the fetches' (content), each freed once
+ * no row needs it. */
+#ifndef OUTBOX_BATCH_H
+#define OUTBOX_BATCH_H
+
+#include <stddef.h>
+
+#include "config.h"
+#include "db_async.h"
+#include "decide.h"
+#include "encode.h"
+#include "event.h"
+
+/* Where a row is. */
+enum row_stage {
+        ROW_LOCKED = 0, /* locked, content not fetched yet */
+        ROW_READY,      /* fetched: may be produced once its predecessor is acknowledged */
+        ROW_PRODUCED,   /* with the producer: its delivery report is owed */
+        ROW_SETTLED,    /* its outcome is known: a mark is owed */
+        ROW_MARKING,    /* a mark statement with it is running */
+        ROW_MARKED      /* done */
+};
+
+struct fetch_part;
+struct tid_index;
+
+struct row {
+        struct outbox_event ev; /* strings borrow from the batch's results */
+        char id[37];            /* outbox_id */
+        unsigned char id_bin[16];
+        char tid[DB_TID_TEXT];  /* ctid after the lock */
+        unsigned char tid_bin[6];
+        char occurred[40];      /* occurred_at as RFC 3339 */
+        long long size;         /* bytes: the lock's estimate, the fetch's measure once fetched */
+        long long key;          /* the aggregate's key (lock_*.sql; 0 under OUTBOX_ORDERING=none) */
+        struct batch *batch;    /* the batch it is in */
+        enum row_stage stage;
+        /* the outcome (ROW_SETTLED on) */
+        enum decide_mark mark;
+        int permanent, uncounted;
+        const char *code; /* static: rd_kafka_err2name() or the relay's own codes */
+        char message[160];
+        long long delay_ms;     /* FAILED: the backoff */
+        double settled_at;      /* monotonic, when its outcome became known */
+        int mark_uncertain;     /* a mark of it was lost with its connection */
+        char *topic;            /* the message's topic (for metrics and logs), owned */
+        double produced_at;     /* monotonic */
+        /* its run: the version it waits for and the one that waits for it */
+        int prev, next;
+        struct fetch_part *part; /* the fetch its content lives in */
+};
+
+struct batch {
+        struct batch *next;
+        struct row *rows; /* by aggregate, then version */
+        size_t n;
+        struct tid_index *by_tid; /* the rows in ctid order (to match fetched rows) */
+        struct db_result *lock;
+        struct fetch_part *parts;
+        size_t unfetched;     /* rows still to fetch */
+        size_t open;          /* rows not yet marked */
+        long lock_gen;        /* the lock connection it was locked on (db_connects) */
+        double locked_at;     /* monotonic */
+        int dirty;            /* something changed that may let a row be produced */
+};
+
+/* Builds a batch from a lock statement's answer (binary format; see
+ * relay/sql/lock_*.sql), which it takes; NULL out of memory (the answer is
+ * then freed, and the caller must treat its rows as of unknown fate). Rows
+ * come ordered by aggregate and version, their runs decided: late rows are
+ * settled DEAD (LATE_VERSION), rows after a hole RELEASED. */
+struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, long lock_gen,
+                        double now);
+
+/* Frees the batch and every result it keeps. NULL is a no-op. */
+void batch_free(struct batch *b);
+
+/* The ctids of the rows still to fetch, as a PostgreSQL array literal into
+ * out (reset first). 0, or -1 out of memory. */
+int batch_fetch_list(const struct batch *b, struct buf *out) __attribute__((warn_unused_result));
+
+/* Takes a fetch's answer (binary; relay/sql/fetch.sql) and fills the rows
+ * it has: ROW_READY, or settled DEAD when a row cannot become a message
+ * (larger than max_row bytes: MSG_SIZE_TOO_LARGE; occurred_at outside RFC
+ * 3339's years: INVALID_VALUE). *bytes gets the bytes of the rows it holds.
+ * Rows it lacks stay ROW_LOCKED (fetched again later). Returns how many
+ * rows it filled; -1 out of memory (the answer is freed). */
+long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes);
+
+/* Settles row i with an outcome of `mark` (code static, msg copied and cut to
+ * fit; both NULL for PUBLISHED and RELEASED). A row produced no more frees
+ * its hold on the fetch it came in. */
+void batch_settle(struct batch *b, size_t i, enum decide_mark mark, const char *code,
+                  const char *msg);
+
+/* Bytes the batch's live fetches hold (the byte budget's measure). */
+long long batch_bytes(const struct batch *b);
+
+/* Drops row i's hold on its fetch (it was produced: the producer copied the
+ * message), freeing the fetch when no row needs it. */
+void batch_release_content(struct batch *b, size_t i);
+
+#endif

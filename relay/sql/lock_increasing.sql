@@ -1,0 +1,131 @@
+-- lock_increasing: locks the next batch under OUTBOX_ORDERING=increasing
+-- (docs/DESIGN.md, "Status machine" steps 1 and 2, "Per-aggregate order").
+--   $1 text      relay id (locked_by)
+--   $2 int       rows at most
+--   $3 bigint[]  aggregate keys to leave out (aggregates this relay has in flight)
+-- Returns the locked rows: ctid after the lock, outbox_id, attempt_count,
+-- late_after (a published version above the row's run: the row goes DEAD
+-- unsent), the aggregate and version, size (what the row weighs as stored:
+-- the fetch measures its text), the aggregate's key.
+--
+-- Plan: one index scan of outbox_event_due_idx (the window), one sort of the
+-- window by aggregate, then per aggregate at most three probes of
+-- outbox_event_agg_idx (gated: they run on the aggregate's head row only),
+-- then the update by ctid. The session turns off the plan types this
+-- statement never wants (sequential and bitmap scans, sorts an index can
+-- replace, hash and merge joins), so no statistics can change its shape.
+--
+-- An aggregate's key is a 64-bit hash of (tenant_id, aggregate_type,
+-- aggregate_id): the probes compare integers. Every probe also checks the
+-- three columns themselves, so two aggregates with the same key never
+-- decide for each other.
+WITH horizon AS MATERIALIZED (
+  -- every transaction older than this has ended
+  SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+window_rows AS MATERIALIZED (
+  -- the oldest due rows, lower versions first among rows due at once
+  SELECT o.ctid AS tid, o.tenant_id, o.aggregate_type, o.aggregate_id,
+         o.aggregate_version AS v, o.txid,
+         hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
+           hashtextextended(o.tenant_id, 0))) AS k
+  FROM :table o
+  WHERE o.published_at IS NULL AND o.status IN ('PENDING', 'FAILED')
+    AND o.available_at <= now() /* test: lock pause */
+    -- only rows every older transaction of which has ended: a version still
+    -- being written below them would be in sight
+    AND (o.txid IS NULL OR o.txid < (SELECT xmin FROM horizon))
+    AND hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
+          hashtextextended(o.tenant_id, 0))) <> ALL ($3::bigint[])
+  ORDER BY o.available_at, o.aggregate_version
+  LIMIT $2
+  FOR UPDATE OF o SKIP LOCKED),
+aggregates AS (
+  -- each row with its aggregate's lowest and highest version in the window;
+  -- `head` marks one row per aggregate, the one that probes
+  SELECT w.*, min(w.v) OVER a AS lo, max(w.v) OVER a AS hi, count(*) OVER a AS n,
+         w.tid = min(w.tid) OVER a AS head
+  FROM window_rows w
+  WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
+probed AS (
+  SELECT r.*, prev.v AS prev_v, prev.published AS prev_published,
+         next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
+  FROM aggregates r
+  -- the aggregate's highest version below the window's lowest; among rows of
+  -- that version an unpublished one first
+  LEFT JOIN LATERAL (
+    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
+    FROM :table p
+    WHERE r.head
+      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+            hashtextextended(p.tenant_id, 0))) = r.k
+      AND p.aggregate_version < r.lo
+      AND p.tenant_id = r.tenant_id COLLATE "C"
+      AND p.aggregate_type = r.aggregate_type COLLATE "C"
+      AND p.aggregate_id = r.aggregate_id COLLATE "C"
+    ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+               hashtextextended(p.tenant_id, 0))) DESC,
+             p.aggregate_version DESC, (p.published_at IS NULL) DESC
+    LIMIT 1) prev ON true
+  -- the aggregate's lowest version above the window's highest; among rows of
+  -- that version a published one first
+  LEFT JOIN LATERAL (
+    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
+    FROM :table p
+    WHERE r.head
+      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+            hashtextextended(p.tenant_id, 0))) = r.k
+      AND p.aggregate_version > r.hi
+      AND p.tenant_id = r.tenant_id COLLATE "C"
+      AND p.aggregate_type = r.aggregate_type COLLATE "C"
+      AND p.aggregate_id = r.aggregate_id COLLATE "C"
+    ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+               hashtextextended(p.tenant_id, 0))),
+             p.aggregate_version, (p.published_at IS NULL)
+    LIMIT 1) next ON true
+  -- with several rows in the window: the unpublished rows between its lowest
+  -- and highest version, to tell whether the window holds them all
+  LEFT JOIN LATERAL (
+    SELECT count(*) AS n
+    FROM :table p
+    WHERE r.head AND r.n > 1
+      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+            hashtextextended(p.tenant_id, 0))) = r.k
+      AND p.aggregate_version >= r.lo AND p.aggregate_version <= r.hi
+      AND p.published_at IS NULL
+      AND p.tenant_id = r.tenant_id COLLATE "C"
+      AND p.aggregate_type = r.aggregate_type COLLATE "C"
+      AND p.aggregate_id = r.aggregate_id COLLATE "C") inside ON true),
+decided AS (
+  -- what the head's probes say, for every row of the aggregate:
+  --   late_after  a version above the window is published already
+  --   go          the aggregate's previous version is published, or there is
+  --               none (versions only increase: gaps are normal)
+  --   all_in      the window holds every unpublished row of its range
+  SELECT d.tid, d.v, d.lo, d.k,
+         max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS late_after,
+         bool_or(d.head AND (d.prev_v IS NULL OR d.prev_published)) OVER a AS go,
+         bool_and(NOT d.head OR d.n = 1 OR d.n_unpublished = d.n) OVER a AS all_in
+  FROM probed d
+  WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id))
+-- Rows of a late aggregate are locked to go DEAD unsent; otherwise the
+-- aggregate's rows go when its lowest version may, all of them when the
+-- window holds its whole range, else the lowest version's only. The relay
+-- sends a run's versions one after the other, each once the one before it
+-- was acknowledged, and gives back what follows a hole in the run.
+UPDATE :table o
+SET status = 'PUBLISHING', locked_by = $1, locked_at = now(), last_attempt_at = now(),
+    attempt_count = CASE WHEN o.attempt_count < 2147483647 THEN o.attempt_count + 1
+                         ELSE o.attempt_count END,
+    updated_at = clock_timestamp()
+FROM decided c
+WHERE o.ctid = c.tid
+  AND (c.late_after IS NOT NULL OR (c.go AND (c.all_in OR c.v = c.lo)))
+RETURNING o.ctid, o.outbox_id, o.attempt_count, c.late_after,
+  o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+  coalesce(pg_column_size(o.payload_json), 0)::bigint + pg_column_size(o.headers_json)
+  + octet_length(o.tenant_id)::bigint + octet_length(o.aggregate_type)
+  + octet_length(o.aggregate_id) + octet_length(o.event_type)
+  + coalesce(octet_length(o.topic_name), 0)::bigint + coalesce(octet_length(o.partition_key), 0)
+  + coalesce(octet_length(o.event_key), 0)::bigint + coalesce(octet_length(o.correlation_id), 0)
+  + coalesce(octet_length(o.causation_id), 0)::bigint + coalesce(octet_length(o.trace_id), 0)
+  AS size, c.k
