@@ -190,8 +190,46 @@ function dashboardExprs(file) {
   return { dash, exprs: out };
 }
 
+// Panels: unique ids, a description, no two overlapping on the grid, and each
+// legend's {{label}} kept by the query (an outermost `by (...)` names it, or
+// the query aggregates nothing away).
+function checkPanels(dash) {
+  const ids = new Set();
+  const boxes = [];
+  const walk = (panels) => {
+    for (const p of panels ?? []) {
+      if (ids.has(p.id)) fail(`panel id ${p.id} used twice`);
+      ids.add(p.id);
+      if (p.type !== "row" && !p.description) fail(`panel "${p.title}" has no description`);
+      const g = p.gridPos;
+      if (!g) fail(`panel "${p.title}" has no gridPos`);
+      else {
+        for (const b of boxes)
+          if (g.x < b.x + b.w && b.x < g.x + g.w && g.y < b.y + b.h && b.y < g.y + g.h)
+            fail(`panels "${p.title}" and "${b.title}" overlap`);
+        boxes.push({ ...g, title: p.title });
+      }
+      for (const t of p.targets ?? []) {
+        const labels = [...(t.legendFormat ?? "").matchAll(/\{\{\s*(\w+)\s*\}\}/g)].map((m) => m[1]);
+        const e = t.expr.replace(/^\s*time\(\)\s*-\s*/, "");
+        const by = /^\s*\w+\s+by\s*\(([^)]*)\)/.exec(e) ?? /^\s*\w+\s*\([^]*\)\s*by\s*\(([^)]*)\)\s*$/.exec(e);
+        const aggregated = /^\s*(sum|max|min|avg|count|topk|bottomk|quantile|histogram_quantile)\b/.test(e);
+        for (const l of labels) {
+          const kept = by ? by[1].split(",").map((x) => x.trim()) : [];
+          if (aggregated && !kept.includes(l))
+            fail(`panel "${p.title}": legend {{${l}}} but the query keeps only (${kept.join(", ")}): ${t.expr}`);
+        }
+      }
+      walk(p.panels);
+    }
+  };
+  walk(dash.panels);
+  console.log(`  ok   ${ids.size} panels: unique ids, descriptions, no overlaps, legends match their queries`);
+}
+
 function cmdDashboardRules(file, out) {
   const { dash, exprs } = dashboardExprs(file);
+  checkPanels(dash);
   const vars = (dash.templating?.list ?? []).map((v) => v.name);
   if (!vars.includes("datasource")) throw new Error(`${file}: no datasource template variable`);
   const rules = exprs.map((e, i) => ({ record: `dashboard:panel_${i}`, expr: degrafana(e.expr) }));
@@ -249,7 +287,7 @@ function cmdMetrics(designFile, dashFile, rulesFile) {
   }
   console.log(`  ok   ${uses.length} expressions use ${used.size} metrics: ${[...used].sort().join(" ")}`);
   const unused = [...types.keys()].filter((k) => !used.has(k) && k !== "outbox_build_info");
-  if (unused.length) console.log(`  note docs/DESIGN.md metrics on no panel or alert: ${unused.join(" ")}`);
+  if (unused.length) fail(`docs/DESIGN.md metrics on no panel or alert: ${unused.join(" ")}`);
 }
 
 const [cmd, ...args] = process.argv.slice(2);
