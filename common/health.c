@@ -200,7 +200,7 @@ void health_refresh_metrics(void *arg) {
         if (h->stall_s > 0) {
                 struct clocks c;
                 judge(h, clock_mono_s(), &c);
-                metrics_set(M_STALLED, NULL, !c.stall_ok);
+                metrics_set(M_RELAY_STALLED, NULL, !c.stall_ok);
         }
         pthread_mutex_unlock(&h->lock);
 }

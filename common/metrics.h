@@ -23,17 +23,25 @@ enum metric_id {
         M_SWEEPER_STALE_RESET,  /* counter */
         M_SWEEPER_DELETED,      /* counter */
         M_BUILD_INFO,           /* gauge 1, labels version, program */
-        M_DATABASE_UP,          /* gauge 0/1, both daemons */
-        M_READY,                /* gauge 0/1, both daemons: what /readyz answers */
-        M_KAFKA_BROKERS_UP,     /* gauge */
-        M_LAST_LOCK_TIMESTAMP,  /* gauge, unix seconds */
-        M_LAST_MARK_TIMESTAMP,  /* gauge, unix seconds */
-        M_STALLED,              /* gauge 0/1 */
-        M_STATEMENT_ERRORS,     /* counter, label statement */
-        M_OLDEST_TXN_AGE,       /* gauge, seconds */
-        M_OLDEST_DUE_AGE,       /* gauge, seconds */
-        M_HELD_AGGREGATES,      /* gauge, label reason */
-        M_EVENTS_HELD,          /* gauge */
+        /* Readiness and its conditions (/readyz), both daemons unless said. */
+        M_DATABASE_UP,            /* gauge 0/1 */
+        M_READY,                  /* gauge 0/1: what /readyz answers */
+        M_STATEMENT_ERRORS,       /* counter, labels statement, sqlstate */
+        M_KAFKA_BROKERS_UP,       /* gauge (relay) */
+        M_LAST_LOCK_TIMESTAMP,    /* gauge, unix seconds (relay) */
+        M_LAST_MARK_TIMESTAMP,    /* gauge, unix seconds (relay) */
+        M_RELAY_STALLED,          /* gauge 0/1 (relay) */
+        M_OLDEST_TRANSACTION_AGE, /* gauge, seconds (relay) */
+        M_OLDEST_DUE_AGE,         /* gauge, seconds (relay) */
+        M_HELD_AGGREGATES,        /* gauge, label reason: gap | dead (relay) */
+        M_EVENTS_HELD,            /* gauge (relay) */
+        /* librdkafka statistics (relay; kafka_stats.h) */
+        M_KAFKA_BROKER_RTT_P99,  /* gauge, seconds, label broker (node id) */
+        M_KAFKA_BROKER_INFLIGHT, /* gauge, label broker */
+        M_KAFKA_BROKER_OUTBUF,   /* gauge, label broker */
+        M_KAFKA_RETRIES,         /* counter */
+        M_KAFKA_ERRORS,          /* counter */
+        M_KAFKA_QUEUE_MESSAGES,  /* gauge */
         M_COUNT
 };
 
@@ -41,18 +49,35 @@ enum metric_id {
  * into outbox_build_info. 0 on success. */
 int metrics_init(const char *program) __attribute__((warn_unused_result));
 
-/* Counter: adds v (>= 0). Gauge: sets v. `label` is the value of the metric's
- * one label (topic, error_code, status) or NULL for unlabelled metrics. Label
- * values are bounded per metric (extra distinct values go to "other"). */
+/* metrics_add: a counter or gauge grows by v (a counter only by v >= 0).
+ * metrics_set: a gauge takes v; a counter takes v only if it is not lower
+ * (mirroring a cumulative count). `label` is the value of the metric's one
+ * label (topic, error_code, status, reason, broker) or NULL for unlabelled
+ * metrics. Label values are bounded per metric (extra distinct values go to
+ * "other"). */
 void metrics_add(enum metric_id id, const char *label, double v);
 void metrics_set(enum metric_id id, const char *label, double v);
 
-/* Histogram observation. */
-void metrics_observe(enum metric_id id, double v);
+/* The same for a metric with two labels (outbox_statement_errors_total:
+ * statement, sqlstate); each NULL or empty value reads "other". */
+void metrics_add2(enum metric_id id, const char *label1, const char *label2, double v);
+void metrics_set2(enum metric_id id, const char *label1, const char *label2, double v);
+
+/* Replaces every series of a one-label gauge at once with the n given ones
+ * (labels[i] -> values[i]), so a render never sees half of an update and a
+ * label value that is gone (a broker that left) stops being exported. At most
+ * the metric's bound is kept. 0 on success, -1 if id is not a one-label
+ * gauge. */
+int metrics_replace(enum metric_id id, size_t n, const char *const labels[], const double values[])
+        __attribute__((warn_unused_result));
 
 /* A function metrics_render() calls first, from the thread that renders,
- * to bring gauges computed from the time up to date (NULL: none). */
+ * to bring gauges computed from the time up to date (NULL: none). Set it
+ * while nothing renders (before serving, after stopping). */
 void metrics_set_render_hook(void (*hook)(void *arg), void *arg);
+
+/* Histogram observation. */
+void metrics_observe(enum metric_id id, double v);
 
 /* Appends the Prometheus text exposition (version 0.0.4) to out. 0 on success. */
 int metrics_render(struct buf *out) __attribute__((warn_unused_result));

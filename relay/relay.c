@@ -17,6 +17,7 @@
 #include "decide.h"
 #include "health.h"
 #include "kafka.h"
+#include "kafka_stats.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "message.h"
@@ -156,6 +157,7 @@ struct relay {
         int too_old;
         int fatal;
         unsigned seed;
+        struct kafka_stats_seen stats_seen;
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -213,7 +215,7 @@ static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result
         st->failures++;
         int retry = decide_retry_ms(st->failures, RETRY_CAP_MS);
         st->retry_at = now + retry / 1000.0;
-        metrics_add(M_STATEMENT_ERRORS, relay_sql[stmt].name, 1);
+        metrics_add2(M_STATEMENT_ERRORS, relay_sql[stmt].name, state, 1);
         if (st->failures == 1 || strcmp(st->sqlstate, state) != 0)
                 log_warn("db", "statement failing", "statement=%s sqlstate=%s retry_ms=%d err=%s",
                          relay_sql[stmt].name, state, retry, db_result_error(res));
@@ -354,13 +356,19 @@ static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx)
                      res->code, res->message);
 }
 
+/* librdkafka's statistics: the brokers that are up (readiness) and the
+ * exported numbers (kafka_stats.c). */
 static void on_stats(const char *json, size_t len, void *ctx) {
         struct relay *r = ctx;
-        int up = 0;
-        (void)len;
-        for (const char *p = json; (p = strstr(p, "\"state\":\"UP\"")) != NULL; p++)
-                up++;
-        kafka_set_broker_up(r->kafka, up > 0);
+        struct kafka_stats st;
+        char err[256];
+        if (kafka_stats_parse(json, len, &st, err, sizeof err) != 0) {
+                log_debug("kafka", "statistics not understood", "err=%s", err);
+                return;
+        }
+        kafka_set_broker_up(r->kafka, st.brokers_up > 0);
+        if (kafka_stats_apply(&st, &r->stats_seen) != 0)
+                log_debug("kafka", "statistics not exported", NULL);
 }
 
 /* Rebuilds the producer after a fatal error (idempotence state lost), once
@@ -376,6 +384,7 @@ static int rebuild_producer(struct relay *r) {
                 return -1;
         }
         r->purged = 0;
+        memset(&r->stats_seen, 0, sizeof r->stats_seen); /* its totals start from zero */
         return 0;
 }
 
@@ -405,7 +414,6 @@ static void serve_kafka(struct relay *r, double now) {
                         r->fatal = 1;
                 r->purged = 0;
         }
-        metrics_set(M_KAFKA_BROKERS_UP, NULL, kafka_broker_up(r->kafka));
 }
 
 /* ---- producing ---------------------------------------------------------- */
@@ -1080,11 +1088,11 @@ static void horizon_seen(struct relay *r, const struct db_result *res) {
                         log_info("relay", "the long transaction ended or no longer holds rows back",
                                  NULL);
                 r->horizon_pid = 0;
-                metrics_set(M_OLDEST_TXN_AGE, NULL, 0);
+                metrics_set(M_OLDEST_TRANSACTION_AGE, NULL, 0);
                 return;
         }
         int pid = db_result_isnull(res, 0, 0) ? -1 : (int)db_int(db_result_value(res, 0, 0), 4);
-        metrics_set(M_OLDEST_TXN_AGE, NULL, age);
+        metrics_set(M_OLDEST_TRANSACTION_AGE, NULL, age);
         if (pid == r->horizon_pid)
                 return;
         r->horizon_pid = pid;

@@ -27,6 +27,8 @@ and per alert:
         (the sweeper resets it: stale_locks_reset);
       - PUBLISHED rows with published_at two hours ago, OUTBOX_RETENTION_S=3600
         (the sweeper deletes them: rows_deleted);
+      - the table locked (ACCESS EXCLUSIVE) past OUTBOX_DB_LOCK_TIMEOUT_MS: the
+        relay's statements fail with 55P03 (outbox_statement_errors_total);
       - the broker down for a few seconds with OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS
         small: batches fail with _MSG_TIMED_OUT (failed_total), the relay's
         /readyz answers 503, and, with OUTBOX_LOCK_TIMEOUT_S=1, the sweeper
@@ -58,7 +60,8 @@ Alerts (test_alert_*): for each rule of the rendered file,
      this is what shows the selectors, aggregations and vector matching of
      the expression line up with what the daemons export;
   4. the alerts the load provokes are pending or firing in Prometheus
-     (/api/v1/alerts): DEAD rows, stale locks, failure rate, pending age; the
+     (/api/v1/alerts): DEAD rows, stale locks, failure rate, held aggregates,
+     statement errors; the
      heartbeat alert after the relay is stopped (the last test); and the
      reconcile alert on the Job series a static kube-state-metrics stand-in
      serves (an earlier run succeeded, the newest failed), scraped with
@@ -98,6 +101,7 @@ DASHBOARD_VARS = {"namespace": NAMESPACE, "service": SERVICE}
 
 DELIVERY_TIMEOUT_MS = 2000  # a batch waits this long on a down broker
 LOCK_TIMEOUT_S = 1          # sweeper: shorter than the batch above -> lock lost
+DB_LOCK_TIMEOUT_MS = 200    # the relay's lock_timeout: a table lock held longer fails statements
 
 
 # ---------------------------------------------------------------- Prometheus
@@ -336,7 +340,9 @@ def live(pg, mock_kafka, tmp_path_factory):
         renv = relay_env(db, kafka, OUTBOX_HTTP_ADDR=relay_addr, OUTBOX_RELAY_ID="prom-relay",
                          OUTBOX_BATCH_SIZE=20, OUTBOX_BACKOFF_INITIAL_MS=200,
                          OUTBOX_BACKOFF_MAX_MS=1000,
-                         OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=DELIVERY_TIMEOUT_MS)
+                         OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=DELIVERY_TIMEOUT_MS,
+                         OUTBOX_KAFKA_STATISTICS_INTERVAL_MS=1000,
+                         OUTBOX_DB_LOCK_TIMEOUT_MS=DB_LOCK_TIMEOUT_MS)
         relay = Relay("outbox-relay", env=renv, log_dir=work, name="relay")
         procs.append(relay)
         senv = {**db.env(), "OUTBOX_HTTP_ADDR": sweeper_addr, "OUTBOX_LOG_FORMAT": "text",
@@ -411,6 +417,19 @@ def live(pg, mock_kafka, tmp_path_factory):
             kafka.up()
         wait_until(lambda: http_status(relay_addr, "/readyz") == 200, 20,
                    what="relay /readyz 200 after the broker is back")
+
+        # --- a table lock held past the relay's lock_timeout: its statements
+        # fail (55P03 lock_not_available), counted by statement and SQLSTATE
+        blocker = pg.connect()
+        try:
+            with blocker.cursor() as cur:
+                cur.execute("BEGIN; LOCK TABLE %s.outbox_event IN ACCESS EXCLUSIVE MODE" % s)
+                _wait_seen(prom, 'increase(outbox_statement_errors_total{sqlstate="55P03",'
+                           'namespace="%s",service="%s"}[1m]) > 0' % (NAMESPACE, SERVICE), 20,
+                           "statement errors 55P03 scraped while the table is locked")
+                cur.execute("ROLLBACK")
+        finally:
+            blocker.close()
 
         # --- wave 2: more of both topics, a second DEAD row
         db.insert_events(make_events(aggregates=10, aggregate_type="Order", id_prefix="o2") +
@@ -549,7 +568,7 @@ def test_alert_expression_has_data(live, name):
 
 # The alerts the load provokes: pending (they have a `for:`) or firing.
 PROVOKED = ["OutboxDeadRows", "OutboxStaleLocksReset", "OutboxFailureRateHigh",
-            "OutboxOldestPendingAgeHigh", "OutboxReconcileFailed"]
+            "OutboxAggregatesHeld", "OutboxStatementErrors", "OutboxReconcileFailed"]
 
 
 @pytest.mark.parametrize("name", PROVOKED)
@@ -578,11 +597,15 @@ def test_zz_relay_gone_raises_heartbeat_alert(live):
 
 
 def test_runbook_anchors_exist():
-    """Every alert's runbook_url anchor is a heading of the README's runbook."""
+    """Every alert's runbook_url anchor is a heading of the operations guide
+    (docs/operations.md, README.md until it exists)."""
     with open(os.path.join(CHART, "files", "alerts.yaml"), encoding="utf-8") as f:
         anchors = set(re.findall(r"#(runbook-[a-z0-9-]+)", f.read()))
     slugs = set()
-    with open(os.path.join(repo_root(), "README.md"), encoding="utf-8") as f:
+    guide = os.path.join(repo_root(), "docs", "operations.md")
+    if not os.path.exists(guide):
+        guide = os.path.join(repo_root(), "README.md")
+    with open(guide, encoding="utf-8") as f:
         for h in re.findall(r"^#{1,6}\s+(.+?)\s*$", f.read(), re.M):
             slugs.add(re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-"))
     assert len(anchors) >= 5 and anchors <= slugs, sorted(anchors - slugs)

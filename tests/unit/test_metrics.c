@@ -68,6 +68,23 @@ Test(metrics, every_design_name_with_its_type) {
                 {"outbox_sweeper_stale_locks_reset_total", "counter"},
                 {"outbox_sweeper_rows_deleted_total", "counter"},
                 {"outbox_build_info", "gauge"},
+                {"outbox_database_up", "gauge"},
+                {"outbox_ready", "gauge"},
+                {"outbox_statement_errors_total", "counter"},
+                {"outbox_kafka_brokers_up", "gauge"},
+                {"outbox_relay_last_lock_timestamp_seconds", "gauge"},
+                {"outbox_relay_last_mark_timestamp_seconds", "gauge"},
+                {"outbox_relay_stalled", "gauge"},
+                {"outbox_oldest_transaction_age_seconds", "gauge"},
+                {"outbox_oldest_due_age_seconds", "gauge"},
+                {"outbox_held_aggregates", "gauge"},
+                {"outbox_events_held", "gauge"},
+                {"outbox_kafka_broker_rtt_p99_seconds", "gauge"},
+                {"outbox_kafka_broker_inflight_requests", "gauge"},
+                {"outbox_kafka_broker_outbuf_messages", "gauge"},
+                {"outbox_kafka_retries_total", "counter"},
+                {"outbox_kafka_errors_total", "counter"},
+                {"outbox_kafka_queue_messages", "gauge"},
         };
         char *text = render();
         cr_assert_eq(count_prefix(text, "# TYPE "), (int)(sizeof want / sizeof want[0]));
@@ -96,6 +113,123 @@ Test(metrics, unlabelled_start_at_zero_labelled_start_empty) {
         cr_expect_eq(sample(text, "outbox_event_size_bytes_count"), 0);
         cr_expect_eq(sample(text, "outbox_event_size_bytes_bucket{le=\"+Inf\"}"), 0);
         free(text);
+}
+
+/* The readiness and held-row metrics read 0 before the loop sets them, and
+ * both reasons of outbox_held_aggregates are there from the start. */
+Test(metrics, new_metrics_start_at_zero) {
+        static const char *const zero[] = {
+                "outbox_database_up",
+                "outbox_ready",
+                "outbox_kafka_brokers_up",
+                "outbox_relay_last_lock_timestamp_seconds",
+                "outbox_relay_last_mark_timestamp_seconds",
+                "outbox_relay_stalled",
+                "outbox_oldest_transaction_age_seconds",
+                "outbox_oldest_due_age_seconds",
+                "outbox_held_aggregates{reason=\"gap\"}",
+                "outbox_held_aggregates{reason=\"dead\"}",
+                "outbox_events_held",
+                "outbox_kafka_retries_total",
+                "outbox_kafka_errors_total",
+                "outbox_kafka_queue_messages",
+        };
+        char *text = render();
+        for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
+                cr_expect_eq(sample(text, zero[i]), 0, "%s not 0 in\n%s", zero[i], text);
+        cr_expect_eq(count_prefix(text, "outbox_held_aggregates{"), 2);
+        cr_expect_eq(count_prefix(text, "outbox_statement_errors_total{"), 0);
+        cr_expect_eq(count_prefix(text, "outbox_kafka_broker_"), 0);
+        free(text);
+}
+
+Test(metrics, two_labels) {
+        metrics_add2(M_STATEMENT_ERRORS, "lock_runs", "22003", 1);
+        metrics_add2(M_STATEMENT_ERRORS, "lock_runs", "22003", 2);
+        metrics_add2(M_STATEMENT_ERRORS, "lock_runs", "57014", 1);
+        metrics_add2(M_STATEMENT_ERRORS, "mark", "22003", 1);
+        metrics_add2(M_STATEMENT_ERRORS, NULL, "", 1);
+        metrics_add(M_STATEMENT_ERRORS, "sample", 1); /* one label given: the other is "other" */
+        metrics_add2(M_STATEMENT_ERRORS, "mark", "22003", -1); /* counters never go down */
+        char *text = render();
+        cr_expect_eq(
+                sample(text,
+                       "outbox_statement_errors_total{statement=\"lock_runs\",sqlstate=\"22003\"}"),
+                3, "%s", text);
+        cr_expect_eq(
+                sample(text,
+                       "outbox_statement_errors_total{statement=\"lock_runs\",sqlstate=\"57014\"}"),
+                1);
+        cr_expect_eq(sample(text,
+                            "outbox_statement_errors_total{statement=\"mark\",sqlstate=\"22003\"}"),
+                     1);
+        cr_expect_eq(
+                sample(text,
+                       "outbox_statement_errors_total{statement=\"other\",sqlstate=\"other\"}"),
+                1);
+        cr_expect_eq(
+                sample(text,
+                       "outbox_statement_errors_total{statement=\"sample\",sqlstate=\"other\"}"),
+                1);
+        cr_expect_eq(count_prefix(text, "outbox_statement_errors_total{"), 5);
+        free(text);
+}
+
+Test(metrics, two_labels_bounded) {
+        char st[32];
+        for (int i = 0; i < 100; i++) {
+                snprintf(st, sizeof st, "s%d", i);
+                metrics_add2(M_STATEMENT_ERRORS, st, "XX000", 1);
+        }
+        char *text = render();
+        cr_expect_eq(count_prefix(text, "outbox_statement_errors_total{"), 64);
+        cr_expect_eq(
+                sample(text,
+                       "outbox_statement_errors_total{statement=\"other\",sqlstate=\"other\"}"),
+                37);
+        free(text);
+}
+
+Test(metrics, replace_per_broker_gauges) {
+        const char *ids[] = {"1", "2", "3"};
+        double rtt[] = {0.004, 0.25, NAN};
+        cr_assert_eq(metrics_replace(M_KAFKA_BROKER_RTT_P99, 3, ids, rtt), 0);
+        char *text = render();
+        cr_expect_eq(sample(text, "outbox_kafka_broker_rtt_p99_seconds{broker=\"1\"}"), 0.004);
+        cr_expect_eq(sample(text, "outbox_kafka_broker_rtt_p99_seconds{broker=\"2\"}"), 0.25);
+        cr_expect_eq(count_prefix(text, "outbox_kafka_broker_rtt_p99_seconds{"), 2, "NaN skipped");
+        free(text);
+        /* broker 1 left: its series goes */
+        const char *ids2[] = {"2", "4"};
+        double rtt2[] = {0.5, 0.001};
+        cr_assert_eq(metrics_replace(M_KAFKA_BROKER_RTT_P99, 2, ids2, rtt2), 0);
+        text = render();
+        cr_expect(isnan(sample(text, "outbox_kafka_broker_rtt_p99_seconds{broker=\"1\"}")));
+        cr_expect_eq(sample(text, "outbox_kafka_broker_rtt_p99_seconds{broker=\"2\"}"), 0.5);
+        cr_expect_eq(sample(text, "outbox_kafka_broker_rtt_p99_seconds{broker=\"4\"}"), 0.001);
+        free(text);
+        /* 100 values: the first 64 are kept, no "other" */
+        const char *many[100];
+        double v[100];
+        char names[100][8];
+        for (int i = 0; i < 100; i++) {
+                snprintf(names[i], sizeof names[i], "%d", i);
+                many[i] = names[i];
+                v[i] = i;
+        }
+        cr_assert_eq(metrics_replace(M_KAFKA_BROKER_INFLIGHT, 100, many, v), 0);
+        metrics_set(M_KAFKA_BROKER_INFLIGHT, "200", 1); /* no slot left: ignored */
+        text = render();
+        cr_expect_eq(count_prefix(text, "outbox_kafka_broker_inflight_requests{"), 64);
+        cr_expect_eq(sample(text, "outbox_kafka_broker_inflight_requests{broker=\"63\"}"), 63);
+        cr_expect(isnan(sample(text, "outbox_kafka_broker_inflight_requests{broker=\"other\"}")));
+        free(text);
+        cr_assert_eq(metrics_replace(M_KAFKA_BROKER_OUTBUF, 0, NULL, NULL), 0);
+        /* only one-label gauges */
+        cr_expect_eq(metrics_replace(M_EVENTS_PUBLISHED, 1, ids, rtt), -1);
+        cr_expect_eq(metrics_replace(M_OLDEST_DUE_AGE, 1, ids, rtt), -1);
+        cr_expect_eq(metrics_replace(M_STATEMENT_ERRORS, 1, ids, rtt), -1);
+        cr_expect_eq(metrics_replace(M_COUNT, 0, NULL, NULL), -1);
 }
 
 Test(metrics, build_info) {
@@ -311,12 +445,19 @@ Test(metrics, per_program_sets) {
         cr_expect_not_null(strstr(text, "program=\"outbox-sweeper\"} 1\n"));
         cr_expect_null(strstr(text, "outbox_relay_last_batch_timestamp_seconds"));
         cr_expect_null(strstr(text, "outbox_batches_total"));
-        cr_expect_eq(count_prefix(text, "# TYPE "), 3);
+        cr_expect_null(strstr(text, "outbox_kafka_"));
+        cr_expect_null(strstr(text, "outbox_held_aggregates"));
+        cr_expect_not_null(strstr(text, "\noutbox_database_up 0\n"));
+        cr_expect_not_null(strstr(text, "\noutbox_ready 0\n"));
+        cr_expect_not_null(strstr(text, "# TYPE outbox_statement_errors_total counter\n"));
+        cr_expect_eq(count_prefix(text, "# TYPE "), 6);
         free(text);
         cr_assert_eq(metrics_init("outbox-relay"), 0);
         text = render();
         cr_expect_not_null(strstr(text, "\noutbox_relay_last_batch_timestamp_seconds 0\n"));
         cr_expect_null(strstr(text, "outbox_sweeper_"));
-        cr_expect_eq(count_prefix(text, "# TYPE "), 14);
+        cr_expect_not_null(strstr(text, "\noutbox_database_up 0\n"));
+        cr_expect_not_null(strstr(text, "\noutbox_relay_stalled 0\n"));
+        cr_expect_eq(count_prefix(text, "# TYPE "), 31);
         free(text);
 }

@@ -141,17 +141,24 @@ sweepIntervalS: OUTBOX_SWEEP_INTERVAL_S
 retentionS: OUTBOX_RETENTION_S
 retentionKeepLatest: OUTBOX_RETENTION_KEEP_LATEST
 deleteBatch: OUTBOX_DELETE_BATCH
+statementTimeoutMs: OUTBOX_STATEMENT_TIMEOUT_MS
+dbLockTimeoutMs: OUTBOX_DB_LOCK_TIMEOUT_MS
 {{- end }}
 
 {{/*
-Effective librdkafka properties: those implied by kafka.sasl and kafka.tls, then
-kafka.properties (which win). The SASL password is not here: it comes from a
-Secret (see outbox-relay.kafkaEnv).
+Effective librdkafka properties of the relay's producer, or (with "reconcile"
+true) of the reconcile CronJob's consumer: those implied by kafka.sasl and
+kafka.tls, then kafka.properties (which win); for reconcile its own SASL user
+and client.id, and reconcile.kafka.properties over the rest. Passwords are not
+here: they come from Secrets (see outbox-relay.kafkaEnv).
+Call with (dict "ctx" $ "reconcile" true|false).
 */}}
 {{- define "outbox-relay.kafkaProperties" -}}
+{{- $ := .ctx -}}
 {{- $props := dict -}}
-{{- $sasl := .Values.kafka.sasl | default dict -}}
-{{- $tls := .Values.kafka.tls | default dict -}}
+{{- $sasl := $.Values.kafka.sasl | default dict -}}
+{{- $tls := $.Values.kafka.tls | default dict -}}
+{{- $rk := $.Values.reconcile.kafka | default dict -}}
 {{- if and $sasl.enabled $tls.enabled }}
 {{- $_ := set $props "security.protocol" "SASL_SSL" -}}
 {{- else if $sasl.enabled }}
@@ -161,7 +168,11 @@ Secret (see outbox-relay.kafkaEnv).
 {{- end }}
 {{- if $sasl.enabled }}
 {{- $_ := set $props "sasl.mechanisms" (required "kafka.sasl.mechanism is required when kafka.sasl.enabled" $sasl.mechanism) -}}
+{{- if .reconcile }}
+{{- $_ := set $props "sasl.username" (required "reconcile.kafka.sasl.username is required when kafka.sasl.enabled: the reconcile CronJob reads the topics with a principal of its own (Read ACLs the relay's producer principal should not have)" ($rk.sasl | default dict).username) -}}
+{{- else }}
 {{- $_ := set $props "sasl.username" (required "kafka.sasl.username is required when kafka.sasl.enabled" $sasl.username) -}}
+{{- end }}
 {{- end }}
 {{- if $tls.enabled }}
 {{- $dir := $tls.mountPath | default "/etc/outbox-relay/kafka-tls" -}}
@@ -173,42 +184,187 @@ Secret (see outbox-relay.kafkaEnv).
 {{- $_ := set $props "ssl.key.location" (printf "%s/%s" $dir $tls.keyKey) -}}
 {{- end }}
 {{- end }}
-{{- range $k, $v := .Values.kafka.properties }}
+{{- range $k, $v := $.Values.kafka.properties }}
 {{- if not (kindIs "invalid" $v) }}
 {{- $_ := set $props $k $v -}}
+{{- end }}
+{{- end }}
+{{- if .reconcile }}
+{{- $_ := set $props "client.id" ($rk.clientId | default (printf "%s-reconcile" (include "outbox-relay.fullname" $))) -}}
+{{- range $k, $v := $rk.properties }}
+{{- if not (kindIs "invalid" $v) }}
+{{- $_ := set $props $k $v -}}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- toYaml $props -}}
 {{- end }}
 
 {{/*
-env entries for the relay's Kafka settings.
+A librdkafka property of props under any of its names (librdkafka treats
+aliases as one), with the name it was found under: (list name value), or an
+empty list. Call with (dict "props" $props "names" (list "acks" "request.required.acks")).
+*/}}
+{{- define "outbox-relay.kafkaProp" -}}
+{{- $found := list -}}
+{{- range .names }}
+{{- if hasKey $.props . }}{{ $found = list . (get $.props .) }}{{ end }}
+{{- end }}
+{{- toJson $found -}}
+{{- end }}
+
+{{/*
+The relay's delivery timeout in ms: delivery.timeout.ms (or its alias
+message.timeout.ms), librdkafka's default 120000 otherwise.
+*/}}
+{{- define "outbox-relay.deliveryTimeoutMs" -}}
+{{- $dt := include "outbox-relay.kafkaProp" (dict "props" . "names" (list "message.timeout.ms" "delivery.timeout.ms")) | fromJsonArray -}}
+{{- if $dt }}{{ int (index $dt 1) }}{{ else }}120000{{ end -}}
+{{- end }}
+
+{{/*
+Producer settings the relay refuses at start (common/kafka.c, docs/DESIGN.md
+"Configuration"): refused here too, when the chart renders, naming the value.
+*/}}
+{{- define "outbox-relay.checkGuarantees" -}}
+{{- $props := . -}}
+{{- $p := include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "request.required.acks" "acks")) | fromJsonArray -}}
+{{- if and $p (not (has (lower (toString (index $p 1))) (list "all" "-1"))) }}
+{{- fail (printf "kafka.properties.%s=%v is refused: the relay needs acks=all (-1), or a broker may lose acknowledged events" (index $p 0) (index $p 1)) }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "enable.idempotence")) | fromJsonArray -}}
+{{- if and $p (not (has (lower (toString (index $p 1))) (list "true" "t" "1"))) }}
+{{- fail (printf "kafka.properties.enable.idempotence=%v is refused: idempotence cannot be turned off (ordering and at-least-once depend on it)" (index $p 1)) }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "max.in.flight" "max.in.flight.requests.per.connection")) | fromJsonArray -}}
+{{- if and $p (gt (int (index $p 1)) 5) }}
+{{- fail (printf "kafka.properties.%s=%v is refused: the idempotent producer keeps order with at most 5 requests in flight" (index $p 0) (index $p 1)) }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "message.send.max.retries" "retries")) | fromJsonArray -}}
+{{- if and $p (eq (toString (index $p 1)) "0") }}
+{{- fail (printf "kafka.properties.%s=0 is refused: the idempotent producer needs retries" (index $p 0)) }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "transactional.id")) | fromJsonArray -}}
+{{- if and $p (ne (toString (index $p 1)) "") }}
+{{- fail "kafka.properties.transactional.id is refused: the relay publishes with an idempotent, non-transactional producer" }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "partitioner")) | fromJsonArray -}}
+{{- if and $p (eq (toString (index $p 1)) "random") }}
+{{- fail "kafka.properties.partitioner=random is refused: it spreads one aggregate over partitions and breaks per-aggregate order" }}
+{{- end }}
+{{- $p = include "outbox-relay.kafkaProp" (dict "props" $props "names" (list "queuing.strategy")) | fromJsonArray -}}
+{{- if and $p (eq (toString (index $p 1)) "lifo") }}
+{{- fail "kafka.properties.queuing.strategy=lifo is refused: it sends later messages first and breaks per-aggregate order" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Bytes of a Kubernetes quantity (e.g. 256Mi, 1G, 268435456), as a float.
+*/}}
+{{- define "outbox-relay.quantityBytes" -}}
+{{- $q := . -}}
+{{- if or (kindIs "float64" $q) (kindIs "int" $q) (kindIs "int64" $q) -}}
+{{- float64 $q -}}
+{{- else -}}
+{{- $q = toString $q -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$" $q) -}}
+{{- fail (printf "relay.resources.limits.memory %q is not a quantity the chart reads (e.g. 256Mi, 1Gi, 268435456)" $q) -}}
+{{- end -}}
+{{- $n := float64 (regexFind "^[0-9]+(\\.[0-9]+)?" $q) -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" $q "" -}}
+{{- $mult := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf $n (get $mult $unit) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+What a relay needs and the values that must leave room for it: the grace
+period of a SIGTERM and the memory limit (formulas in values.yaml).
+*/}}
+{{- define "outbox-relay.checkRelayNeeds" -}}
+{{- $ := .ctx -}}
+{{- $props := .props -}}
+{{- $dt := int (include "outbox-relay.deliveryTimeoutMs" $props) -}}
+{{- $st := int ($.Values.config.statementTimeoutMs | default 10000) -}}
+{{- $graceMs := add $dt 1000 (mul 2 $st) -}}
+{{- $grace := div (add $graceMs 999) 1000 -}}
+{{- $have := int $.Values.relay.terminationGracePeriodSeconds -}}
+{{- if lt $have $grace }}
+{{- fail (printf "relay.terminationGracePeriodSeconds %d is shorter than the %d s a relay needs to stop cleanly: delivery.timeout.ms %d + 1000 + 2 x config.statementTimeoutMs %d (values.yaml); a SIGKILL mid-batch leaves rows PUBLISHING until the sweeper takes them back" $have $grace $dt $st) }}
+{{- end }}
+{{- $limit := dig "limits" "memory" "" ($.Values.relay.resources | default dict) -}}
+{{- if $limit }}
+{{- $bb := float64 ($.Values.config.batchBytes | default 16777216) -}}
+{{- $mmb := 1000000.0 -}}
+{{- if hasKey $props "message.max.bytes" }}{{ $mmb = float64 (get $props "message.max.bytes") }}{{ end -}}
+{{- $need := addf 20971520.0 (mulf 1.5 $bb) (mulf 3.0 $mmb) -}}
+{{- $bytes := float64 (include "outbox-relay.quantityBytes" $limit) -}}
+{{- if lt $bytes $need }}
+{{- fail (printf "relay.resources.limits.memory %v is below the %d MiB a relay can need: 20 MiB + 1.5 x config.batchBytes %d + 3 x message.max.bytes %d (README \"Memory\"); it would be OOM-killed mid-batch" $limit (int64 (ceil (divf $need 1048576.0))) (int64 $bb) (int64 $mmb)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+env entries for Kafka settings. Call with (dict "ctx" $ "reconcile" true|false).
 */}}
 {{- define "outbox-relay.kafkaEnv" -}}
+{{- $ := .ctx -}}
 {{- $props := include "outbox-relay.kafkaProperties" . | fromYaml -}}
 {{- if not (get $props "bootstrap.servers") }}
 {{- fail "kafka.properties.bootstrap.servers is required (the relay exits 2 without it)" }}
 {{- end }}
+{{- if not .reconcile }}
+{{- include "outbox-relay.checkGuarantees" $props }}
+{{- include "outbox-relay.checkRelayNeeds" (dict "ctx" $ "props" $props) }}
 {{- /* The sweeper must not take back locks of batches still being delivered:
        its lock timeout outlasts the relay's delivery timeout by 30 s (the
        relay refuses the same at start). */ -}}
-{{- $dt := 120000 -}}
-{{- if hasKey $props "message.timeout.ms" }}{{ $dt = int (get $props "message.timeout.ms") }}{{ end -}}
-{{- if hasKey $props "delivery.timeout.ms" }}{{ $dt = int (get $props "delivery.timeout.ms") }}{{ end -}}
-{{- $lock := int (.Values.config.lockTimeoutS | default 300) -}}
+{{- $dt := int (include "outbox-relay.deliveryTimeoutMs" $props) -}}
+{{- $lock := int ($.Values.config.lockTimeoutS | default 300) -}}
 {{- if lt (mul $lock 1000) (add $dt 30000) }}
 {{- fail (printf "config.lockTimeoutS %d s must outlast the relay's delivery.timeout.ms %d by 30 s (else the sweeper takes back rows still being delivered and they go out twice)" $lock $dt) }}
+{{- end }}
 {{- end }}
 {{- range $k := keys $props | sortAlpha }}
 - name: {{ include "outbox-relay.kafkaEnvName" $k }}
   value: {{ include "outbox-relay.envValue" (get $props $k) | quote }}
 {{- end }}
-{{- if .Values.kafka.sasl.enabled }}
+{{- if $.Values.kafka.sasl.enabled }}
+{{- if .reconcile }}
+{{- $rs := $.Values.reconcile.kafka.sasl | default dict }}
 - name: OUTBOX_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.enabled" .Values.kafka.sasl.existingSecret }}
-      key: {{ .Values.kafka.sasl.passwordKey | default "password" }}
+      name: {{ required "reconcile.kafka.sasl.existingSecret is required when kafka.sasl.enabled: the reconcile CronJob's own SASL password" $rs.existingSecret }}
+      key: {{ $rs.passwordKey | default "password" }}
+{{- else }}
+- name: OUTBOX_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "kafka.sasl.existingSecret is required when kafka.sasl.enabled" $.Values.kafka.sasl.existingSecret }}
+      key: {{ $.Values.kafka.sasl.passwordKey | default "password" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+OUTBOX_DATABASE_URL from the release's database Secret, or from a workload's
+own (reconcile.database, migrate.database) when that names one.
+Call with (dict "ctx" $ "database" .Values.<workload>.database).
+*/}}
+{{- define "outbox-relay.databaseEnv" -}}
+{{- $own := .database | default dict -}}
+{{- $db := .ctx.Values.database -}}
+- name: OUTBOX_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+{{- if $own.existingSecret }}
+      name: {{ $own.existingSecret }}
+      key: {{ $own.secretKey | default "url" }}
+{{- else }}
+      name: {{ required "database.existingSecret is required: a Secret holding the libpq connection string" $db.existingSecret }}
+      key: {{ $db.secretKey | default "url" }}
 {{- end }}
 {{- end }}
 
@@ -216,11 +372,7 @@ env entries for the relay's Kafka settings.
 env entries shared by both daemons: the database URL from the existing Secret.
 */}}
 {{- define "outbox-relay.commonEnv" -}}
-- name: OUTBOX_DATABASE_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ required "database.existingSecret is required: a Secret holding the libpq connection string" .Values.database.existingSecret }}
-      key: {{ .Values.database.secretKey | default "url" }}
+{{- include "outbox-relay.databaseEnv" (dict "ctx" . "database" dict) }}
 {{- with .Values.schemaRegistry }}
 {{- if .existingSecret }}
 - name: OUTBOX_SCHEMA_REGISTRY_URL
@@ -238,7 +390,7 @@ change rolls the pods.
 */}}
 {{- define "outbox-relay.configChecksum" -}}
 {{- $cm := include (print .Template.BasePath "/configmap.yaml") . -}}
-{{- $kafka := include "outbox-relay.kafkaProperties" . -}}
+{{- $kafka := include "outbox-relay.kafkaProperties" (dict "ctx" . "reconcile" false) -}}
 {{- print $cm $kafka (toYaml .Values.kafka.sasl) (toYaml .Values.kafka.tls) (toYaml .Values.extraEnv) | sha256sum -}}
 {{- end }}
 
@@ -273,9 +425,18 @@ Volumes shared by every workload (writable /tmp on a read-only root, Kafka TLS).
   emptyDir:
     sizeLimit: 16Mi
 {{- if and .relay .ctx.Values.kafka.tls.enabled }}
+{{- $tls := .ctx.Values.kafka.tls }}
+{{- $own := ((.ctx.Values.reconcile.kafka | default dict).tls | default dict).existingSecret }}
 - name: kafka-tls
   secret:
-    secretName: {{ required "kafka.tls.existingSecret is required when kafka.tls.enabled" .ctx.Values.kafka.tls.existingSecret }}
+{{- if and .reconcile $tls.clientCert }}
+    {{- /* a client certificate is an identity: the reconcile consumer's own */}}
+    secretName: {{ required "reconcile.kafka.tls.existingSecret is required with kafka.tls.clientCert: the reconcile CronJob's own client certificate (same keys as kafka.tls)" $own }}
+{{- else if and .reconcile $own }}
+    secretName: {{ $own }}
+{{- else }}
+    secretName: {{ required "kafka.tls.existingSecret is required when kafka.tls.enabled" $tls.existingSecret }}
+{{- end }}
     defaultMode: 0440
 {{- end }}
 {{- with .ctx.Values.extraVolumes }}
@@ -314,4 +475,20 @@ Extra labels of every alert (indented for files/alerts.yaml).
 {{- with .Values.prometheusRule.additionalLabels }}
 {{- toYaml . | nindent 10 }}
 {{- end }}
+{{- end }}
+
+{{/*
+topologySpreadConstraints with each entry's labelSelector defaulting to the
+component's pods. Call with (dict "ctx" $ "component" "relay" "constraints" list).
+*/}}
+{{- define "outbox-relay.spreadConstraints" -}}
+{{- $out := list -}}
+{{- range .constraints }}
+{{- $c := deepCopy . -}}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "outbox-relay.componentSelectorLabels" (dict "ctx" $.ctx "component" $.component) | fromYaml)) -}}
+{{- end }}
+{{- $out = append $out $c -}}
+{{- end }}
+{{- toYaml $out -}}
 {{- end }}
