@@ -305,13 +305,13 @@ long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, l
                 const char *code = NULL;
                 char why[160];
                 b->unfetched--;
+                w->stage = ROW_READY;
                 filled++;
                 b->dirty = 1;
                 if (fill(w, r, k, max_row, &code, why, sizeof why) != 0) {
                         batch_settle(b, (size_t)i, DECIDE_DEAD, code, why);
                         continue;
                 }
-                w->stage = ROW_READY;
                 w->part = p;
                 p->refs++;
                 p->bytes += w->size;

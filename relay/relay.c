@@ -1175,7 +1175,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
 /* ---- batches, health, stopping, waiting --------------------------------- */
 
 /* Step: frees the batches whose every row is marked. */
-static void free_done(struct relay *r) {
+static void free_done(struct relay *r, double now) {
         struct batch **pp = &r->batches, *prev = NULL;
         while (*pp) {
                 struct batch *b = *pp;
@@ -1188,6 +1188,8 @@ static void free_done(struct relay *r) {
                 if (r->last == b)
                         r->last = prev;
                 r->nbatches--;
+                metrics_observe(M_BATCH_DURATION, now - b->locked_at);
+                log_debug("relay", "batch done", "rows=%zu seconds=%.3f", b->n, now - b->locked_at);
                 batch_free(b);
         }
         long long bytes = 0;
@@ -1454,7 +1456,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop, int wake) {
                 lock_or_fetch(r, now);
                 mark(r, now);
                 side_work(r, now);
-                free_done(r);
+                free_done(r, now);
                 report_health(r, now);
                 wait_for_io(r, now, wake);
         }

@@ -215,8 +215,11 @@ def test_upgrade_migration_from_status_indexes(db):
     t = db.table
     db.execute("ALTER TABLE %s DROP CONSTRAINT outbox_event_published_at_check,"
                " DROP CONSTRAINT outbox_event_parked_check, RESET (fillfactor)" % t)
-    db.execute("DROP INDEX %s.outbox_event_due_idx, %s.outbox_event_unpublished_idx,"
+    db.execute("DROP INDEX %s.outbox_event_due_idx, %s.outbox_event_agg_idx,"
                " %s.outbox_event_retention_idx" % (db.schema, db.schema, db.schema))
+    db.execute("ALTER TABLE %s DROP CONSTRAINT outbox_event_aggregate_version_key,"
+               " ADD CONSTRAINT outbox_event_aggregate_version_key UNIQUE (tenant_id,"
+               " aggregate_type, aggregate_id, aggregate_version, event_type)" % t)
     db.execute("ALTER TABLE %s DROP COLUMN txid" % t)
     db.execute("CREATE INDEX outbox_event_due_idx ON %s (available_at, aggregate_version)"
                " WHERE status IN ('PENDING', 'FAILED')" % t)
