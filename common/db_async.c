@@ -28,12 +28,12 @@ struct db_result {
         char error[512];
 };
 
-/* The set-up steps after the connection is made, in order. */
+/* The set-up steps after the connection is made, in order: two round
+ * trips. */
 enum setup {
         SETUP_NONE = 0,
-        SETUP_SESSION, /* SETs, then the table's name, the server's clock and version */
-        SETUP_LISTEN,
-        SETUP_PREPARE, /* one statement after the other (db->setup_next) */
+        SETUP_SESSION,    /* SETs, then the table's name, the server's clock and version */
+        SETUP_STATEMENTS, /* LISTEN and every PREPARE, in one pipeline */
         SETUP_DONE
 };
 
@@ -229,59 +229,108 @@ static int read_session(struct db *db, PGresult *r, char *errstr, size_t size) {
         return db_set_table(db, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), errstr, size);
 }
 
-static int send_listen(struct db *db, char *errstr, size_t size) {
-        char *q = PQescapeIdentifier(db->conn, db->channel, strlen(db->channel));
+/* Whether statement i is prepared at connect. */
+static int prepared(const struct db *db, size_t i) {
+        return !db->session.prepare || (i < 64 && (db->session.prepare >> i & 1));
+}
+
+/* Sends LISTEN (when asked) and every PREPARE in one pipeline (libpq's
+ * pipeline mode): one round trip, whatever the number of statements. */
+static int send_statements(struct db *db, char *errstr, size_t size) {
         struct buf sql = {0};
+        char *chan = NULL;
         int rc = -1;
-        if (!q || buf_appendf(&sql, "LISTEN %s", q))
-                errstr_set(errstr, size, "out of memory");
-        else if (!PQsendQuery(db->conn, sql.data) || flush(db))
-                errstr_set(errstr, size, "listen: %s", PQerrorMessage(db->conn));
-        else
-                rc = 0;
-        if (q)
-                PQfreemem(q);
+        if (!PQenterPipelineMode(db->conn)) {
+                errstr_set(errstr, size, "pipeline: %s", PQerrorMessage(db->conn));
+                goto out;
+        }
+        db->setup_next = 0; /* commands sent, to name the one that fails */
+        if (db->session.listen) {
+                chan = PQescapeIdentifier(db->conn, db->channel, strlen(db->channel));
+                if (!chan || buf_appendf(&sql, "LISTEN %s", chan)) {
+                        errstr_set(errstr, size, "out of memory");
+                        goto out;
+                }
+                if (!PQsendQueryParams(db->conn, sql.data, 0, NULL, NULL, NULL, NULL, 0)) {
+                        errstr_set(errstr, size, "listen: %s", PQerrorMessage(db->conn));
+                        goto out;
+                }
+        }
+        for (size_t i = 0; i < db->session.nsql; i++) {
+                const struct db_sql *s = &db->session.sql[i];
+                if (!prepared(db, i))
+                        continue;
+                if (expand_sql(db, s->text, &sql)) {
+                        errstr_set(errstr, size, "out of memory");
+                        goto out;
+                }
+                if (!PQsendPrepare(db->conn, s->name, sql.data, 0, NULL)) {
+                        errstr_set(errstr, size, "prepare %s: %s", s->name,
+                                   PQerrorMessage(db->conn));
+                        goto out;
+                }
+        }
+        if (!PQpipelineSync(db->conn) || flush(db)) {
+                errstr_set(errstr, size, "prepare: %s", PQerrorMessage(db->conn));
+                goto out;
+        }
+        rc = 0;
+out:
+        if (chan)
+                PQfreemem(chan);
         buf_free(&sql);
         return rc;
 }
 
-static int send_prepare(struct db *db, char *errstr, size_t size) {
-        const struct db_sql *s = &db->session.sql[db->setup_next];
-        struct buf sql = {0};
-        int rc = -1;
-        if (expand_sql(db, s->text, &sql))
-                errstr_set(errstr, size, "out of memory");
-        else if (!PQsendPrepare(db->conn, s->name, sql.data, 0, NULL) || flush(db))
-                errstr_set(errstr, size, "prepare %s: %s", s->name, PQerrorMessage(db->conn));
-        else
-                rc = 0;
-        buf_free(&sql);
-        return rc;
+/* The name of the set-up command number n of the pipeline. */
+static const char *command_name(const struct db *db, size_t n) {
+        if (db->session.listen) {
+                if (n == 0)
+                        return "listen";
+                n--;
+        }
+        for (size_t i = 0; i < db->session.nsql; i++)
+                if (prepared(db, i) && n-- == 0)
+                        return db->session.sql[i].name;
+        return "set-up";
+}
+
+/* Reads the pipeline's answers; 1 once its sync came (errstr set when a
+ * command failed), 0 while more is owed, -1 when the connection broke. */
+static int collect_pipeline(struct db *db, char *errstr, size_t size) {
+        if (!PQconsumeInput(db->conn))
+                return -1;
+        while (!PQisBusy(db->conn)) {
+                PGresult *r = PQgetResult(db->conn);
+                if (!r) {
+                        db->setup_next++; /* the end of one command's answer */
+                        continue;
+                }
+                ExecStatusType st = PQresultStatus(r);
+                if (st == PGRES_PIPELINE_SYNC) {
+                        PQclear(r);
+                        PQexitPipelineMode(db->conn);
+                        return 1;
+                }
+                if (st == PGRES_FATAL_ERROR && !db->setup_error)
+                        db->setup_error = errstr_set(errstr, size, "%s: %s",
+                                                     command_name(db, db->setup_next),
+                                                     PQresultErrorMessage(r));
+                PQclear(r);
+        }
+        return 0;
 }
 
 /* Sends the next set-up step, or marks the session set up. */
 static int next_setup(struct db *db, char *errstr, size_t size) {
         switch (db->setup) {
-        case SETUP_NONE:
-                db->setup = SETUP_SESSION;
-                return send_session(db, errstr, size);
+        case SETUP_NONE: db->setup = SETUP_SESSION; return send_session(db, errstr, size);
         case SETUP_SESSION:
-                if (db->session.listen) {
-                        db->setup = SETUP_LISTEN;
-                        return send_listen(db, errstr, size);
-                }
-                /* fall through */
-        case SETUP_LISTEN:
-                db->setup = SETUP_PREPARE;
-                db->setup_next = 0;
-                break;
-        case SETUP_PREPARE: db->setup_next++; break;
-        default: break;
+                db->setup = SETUP_STATEMENTS;
+                db->setup_error = 0;
+                return send_statements(db, errstr, size);
+        default: db->setup = SETUP_DONE; return 0;
         }
-        if (db->setup == SETUP_PREPARE && db->setup_next < db->session.nsql)
-                return send_prepare(db, errstr, size);
-        db->setup = SETUP_DONE;
-        return 0;
 }
 
 /* Messages the server sends outside a statement go to the log. A FATAL one
@@ -390,6 +439,20 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
         }
         if (db->want_write && flush(db) != 0)
                 goto lost;
+        if (db->phase == DB_CONNECTING && db->setup == SETUP_STATEMENTS) {
+                int got = collect_pipeline(db, errstr, size);
+                if (got < 0)
+                        goto lost;
+                if (got == 0)
+                        return DB_EV_NONE;
+                if (db->setup_error || next_setup(db, errstr, size)) {
+                        db_async_close(db);
+                        return DB_EV_DOWN;
+                }
+                db->phase = DB_IDLE;
+                db->connects++;
+                return DB_EV_UP;
+        }
         int done = collect(db, &r);
         if (done < 0)
                 goto lost;
@@ -398,26 +461,19 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
                         goto lost;
                 return DB_EV_NONE;
         }
-        if (db->phase == DB_CONNECTING) {
+        if (db->phase == DB_CONNECTING) { /* the session step's answer */
                 ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
                 int ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
                 if (!ok)
-                        errstr_set(errstr, size, "%s: %s",
-                                   db->setup == SETUP_PREPARE ? db->session.sql[db->setup_next].name
-                                                              : "session set-up",
+                        errstr_set(errstr, size, "session set-up: %s",
                                    r ? PQresultErrorMessage(r) : PQerrorMessage(db->conn));
-                if (!ok || (db->setup == SETUP_SESSION && read_session(db, r, errstr, size)) ||
-                    next_setup(db, errstr, size)) {
+                if (!ok || read_session(db, r, errstr, size) || next_setup(db, errstr, size)) {
                         PQclear(r);
                         db_async_close(db);
                         return DB_EV_DOWN;
                 }
                 PQclear(r);
-                if (db->setup != SETUP_DONE)
-                        return DB_EV_NONE;
-                db->phase = DB_IDLE;
-                db->connects++;
-                return DB_EV_UP;
+                return DB_EV_NONE;
         }
         /* A statement's answer. The connection may have broken right after
          * it (the server's FATAL comes as the error): the caller sees the

@@ -22,8 +22,9 @@ struct db_session {
          * are turned off, so no statistics can change a statement's shape. */
         int fixed_plans;
         int listen;                   /* LISTEN on the table's NOTIFY channel */
-        const struct db_sql *sql;     /* prepared at connect (borrowed) */
+        const struct db_sql *sql;     /* the statements (borrowed), indexed by the caller */
         size_t nsql;
+        unsigned long long prepare;   /* bit i: statement i is prepared at connect (0: all) */
         int test_lock_delay_ms;       /* test builds: a pause in lock statements */
         int test_mark_delay_ms;       /* test builds: a pause in mark statements */
 };

@@ -34,8 +34,9 @@ struct db {
         struct db_session session;
         char *session_app;
         enum db_phase phase;
-        int setup;      /* enum setup of db_async.c */
-        size_t setup_next;
+        int setup;         /* enum setup of db_async.c */
+        size_t setup_next; /* set-up commands answered */
+        int setup_error;   /* one of them failed (the first one's error is kept) */
         PostgresPollingStatusType connect_polling;
         double connect_deadline;
         int want_write; /* libpq holds data back: wait for POLLOUT */

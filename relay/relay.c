@@ -1376,7 +1376,19 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         .test_lock_delay_ms = cfg->test_lock_delay_ms,
                         .test_mark_delay_ms = cfg->test_mark_delay_ms,
                 };
-                /* the side connection's statements read the whole backlog */
+                /* each connection prepares the statements it runs; the side
+                 * connection's read the whole backlog: a longer timeout */
+                if (c == C_LOCK)
+                        s.prepare = 1ULL << r->lock_stmt | 1ULL << RELAY_SQL_FETCH;
+                else if (c == C_MARK)
+                        s.prepare = 1ULL << RELAY_SQL_MARK_PUBLISHED |
+                                    1ULL << RELAY_SQL_MARK_PUBLISHED_BY_ID |
+                                    1ULL << RELAY_SQL_MARK_UNPUBLISHED |
+                                    1ULL << RELAY_SQL_MARK_RELEASED;
+                else
+                        s.prepare = 1ULL << RELAY_SQL_TAKE_BACK_OWN | 1ULL << RELAY_SQL_SAMPLE |
+                                    1ULL << RELAY_SQL_GAPS | 1ULL << RELAY_SQL_HELD |
+                                    1ULL << RELAY_SQL_HORIZON | 1ULL << RELAY_SQL_BLOCKERS;
                 if (c == C_SIDE)
                         s.statement_timeout_ms = cfg->statement_timeout_ms * 6;
                 cn->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);

@@ -84,14 +84,15 @@ probed AS (
     LIMIT 1) next ON true
   -- with several rows in the window: the unpublished rows between its lowest
   -- and highest version, to tell whether the window holds them all
+  -- (counted in the scan, not filtered: a filter on published_at would let
+  -- the planner choose the due index by its statistics)
   LEFT JOIN LATERAL (
-    SELECT count(*) AS n
+    SELECT count(*) FILTER (WHERE p.published_at IS NULL) AS n
     FROM :table p
     WHERE r.head AND r.n > 1
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version >= r.lo AND p.aggregate_version <= r.hi
-      AND p.published_at IS NULL
       AND p.tenant_id = r.tenant_id COLLATE "C"
       AND p.aggregate_type = r.aggregate_type COLLATE "C"
       AND p.aggregate_id = r.aggregate_id COLLATE "C") inside ON true),
