@@ -43,10 +43,6 @@ int db_set_admin(struct db *db, const char *topic_template) {
         return 0;
 }
 
-void db_set_test_hooks(struct db *db, int sample_delay_ms) {
-        db->test_sample_delay_ms = sample_delay_ms > 0 ? sample_delay_ms : 0;
-}
-
 int db_connected(const struct db *db) {
         return db->conn && PQstatus(db->conn) == CONNECTION_OK &&
                (db->phase == DB_IDLE || db->phase == DB_BUSY);
@@ -226,6 +222,21 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
 fail:
         db_disconnect(db);
         return -1;
+}
+
+struct db_result *db_exec(struct db *db, int stmt, int nparams, const char *const *params,
+                          int binary, char *errstr, size_t errstr_size) {
+        if (db_async_send(db, stmt, nparams, params, binary, clock_mono_s(), errstr,
+                          errstr_size) != 0)
+                return NULL;
+        for (;;) {
+                enum db_event ev = db_async_advance(db, clock_mono_s(), errstr, errstr_size);
+                if (ev == DB_EV_RESULT)
+                        return db_async_result(db);
+                if (ev == DB_EV_DOWN)
+                        return NULL;
+                wait_ready(db, clock_mono_s() + 1);
+        }
 }
 
 long db_connects(const struct db *db) {

@@ -23,10 +23,6 @@ struct db_sql {
  * failure. `table` must have passed config_check_identifier(). */
 struct db *db_new(const char *url, const char *table, const char *relay_id);
 
-/* Fault-test pause, in builds with -DOUTBOX_TEST_HOOKS=ON only (0: none):
- * every table sample takes sample_delay_ms longer. */
-void db_set_test_hooks(struct db *db, int sample_delay_ms);
-
 /* Connects, blocking until the session is set up (db_async.h's set-up:
  * the SETs of db_async_configure(), the table resolved, its statements
  * prepared), then the sweeper's statements. 0 or -1 (errstr set, no

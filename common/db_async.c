@@ -4,6 +4,7 @@
 #include "db_async.h"
 
 #include <ctype.h>
+#include <stddef.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -116,44 +117,59 @@ static int flush(struct db *db) {
         return 0;
 }
 
+/* The test hooks' markers in the statements, and the pause each stands for
+ * in builds with test hooks (nothing in other builds): a predicate that
+ * sleeps, true. */
+static int marker_ms(const struct db *db, const char *p, size_t *len) {
+        static const struct {
+                const char *text;
+                size_t off;
+        } markers[] = {
+                {"/* test: lock pause */", offsetof(struct db_session, test_lock_delay_ms)},
+                {"/* test: mark pause */", offsetof(struct db_session, test_mark_delay_ms)},
+                {"/* test: sample pause */", offsetof(struct db_session, test_sample_delay_ms)},
+        };
+        for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
+                size_t n = strlen(markers[i].text);
+                if (!strncmp(p, markers[i].text, n)) {
+                        *len = n;
+                        return *(const int *)((const char *)&db->session + markers[i].off);
+                }
+        }
+        return -1;
+}
+
 /* Appends `sql` to out with the table's name in place of :table (quoted
  * identifiers) and :'table' (a string literal of it), and the test hooks'
- * pauses in place of their markers (nothing in other builds). */
+ * pauses in place of their markers. */
 static int expand_sql(const struct db *db, const char *sql, struct buf *out) {
-        static const char lock_marker[] = "/* test: lock pause */";
-        static const char mark_marker[] = "/* test: mark pause */";
         buf_reset(out);
         for (const char *p = sql; *p;) {
+                size_t len;
+                int ms;
                 if (!strncmp(p, ":'table'", 8)) {
-                        if (buf_append(out, "'", 1) || buf_append(out, db->qtable, strlen(db->qtable)) ||
+                        if (buf_append(out, "'", 1) ||
+                            buf_append(out, db->qtable, strlen(db->qtable)) ||
                             buf_append(out, "'", 1))
                                 return -1;
                         p += 8;
-                        continue;
-                }
-                if (!strncmp(p, ":table", 6) && !isalnum((unsigned char)p[6]) && p[6] != '_') {
+                } else if (!strncmp(p, ":table", 6) && !isalnum((unsigned char)p[6]) &&
+                           p[6] != '_') {
                         if (buf_append(out, db->qtable, strlen(db->qtable)))
                                 return -1;
                         p += 6;
-                        continue;
-                }
-                int ms = !strncmp(p, lock_marker, sizeof lock_marker - 1)
-                                 ? db->session.test_lock_delay_ms
-                         : !strncmp(p, mark_marker, sizeof mark_marker - 1)
-                                 ? db->session.test_mark_delay_ms
-                                 : -1;
-                if (ms >= 0) {
+                } else if ((ms = marker_ms(db, p, &len)) >= 0) {
 #ifdef OUTBOX_TEST_HOOKS
                         if (ms > 0 &&
                             buf_appendf(out, " AND (SELECT true FROM pg_sleep(%d / 1000.0))", ms))
                                 return -1;
 #endif
-                        p += sizeof lock_marker - 1; /* both markers are this long */
-                        continue;
+                        p += len;
+                } else {
+                        if (buf_append(out, p, 1))
+                                return -1;
+                        p++;
                 }
-                if (buf_append(out, p, 1))
-                        return -1;
-                p++;
         }
         return 0;
 }

@@ -27,6 +27,7 @@ struct db_session {
         unsigned long long prepare;   /* bit i: statement i is prepared at connect (0: all) */
         int test_lock_delay_ms;       /* test builds: a pause in lock statements */
         int test_mark_delay_ms;       /* test builds: a pause in mark statements */
+        int test_sample_delay_ms;     /* test builds: a pause in the table sample */
 };
 
 /* Copies the session's settings into db (the statements are borrowed and
@@ -78,6 +79,12 @@ double db_async_deadline(const struct db *db);
  * the statement did not run). */
 int db_async_send(struct db *db, int stmt, int nparams, const char *const *params, int binary,
                   double now, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* db_async_send(), then waits (blocking) for its result: for programs
+ * without a loop of their own (the sweeper, benches). NULL with errstr when
+ * the connection failed before an answer. */
+struct db_result *db_exec(struct db *db, int stmt, int nparams, const char *const *params,
+                          int binary, char *errstr, size_t errstr_size);
 
 /* The statement running now (its name), and since when; NULL when idle. */
 const char *db_async_running(const struct db *db, double *since);

@@ -18,7 +18,6 @@ struct db {
         char *channel; /* schema.table, cut to 63 bytes as the NOTIFY trigger cuts it */
         long connects; /* successful connects */
         int closing;   /* the server said it is closing this connection (FATAL) */
-        int test_sample_delay_ms;
         /* A hook run after every connect once the table is resolved
          * (outboxctl's connection prepares its statements there). */
         int (*after_connect)(struct db *db, char *errstr, size_t size);

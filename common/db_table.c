@@ -20,6 +20,12 @@ enum {
         S_COUNT
 };
 
+/* A DEAD row that holds its aggregate's later versions: every DEAD row but a
+ * LATE_VERSION one, whose place in the order is already lost (a later
+ * version reached Kafka before it was committed): the versions after it
+ * follow the published ones. */
+#define HOLDING "status = 'DEAD' AND last_error_code IS DISTINCT FROM 'LATE_VERSION'"
+
 const struct db_stmt db_table_stmts[S_COUNT] = {
         /* A lock older than the lock timeout ($1 s), through the due index
          * (none covers locked_at): a row is locked only once due, so its
@@ -95,10 +101,10 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
          * (SKIP LOCKED) stays due behind the parked ones, blocked as before. */
         [S_PARK] = {"park_blocked", "park blocked versions", 1,
                     "WITH dead AS MATERIALIZED (SELECT tenant_id, aggregate_type, aggregate_id,"
-                    "  min(aggregate_version) FILTER (WHERE status = 'DEAD') AS v,"
+                    "  min(aggregate_version) FILTER (WHERE " HOLDING ") AS v,"
                     "  max(aggregate_version) FILTER (WHERE status <> 'DEAD') AS parked"
                     "  FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity'"
-                    "  GROUP BY 1, 2, 3 HAVING bool_or(status = 'DEAD'))"
+                    "  GROUP BY 1, 2, 3 HAVING bool_or(" HOLDING "))"
                     " UPDATE %1$s o SET available_at = 'infinity', last_error_code = 'BLOCKED',"
                     " last_error_message = 'parked behind a DEAD version of its aggregate"
                     " (due again when that is requeued, published or deleted)',"
@@ -125,7 +131,7 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                       " last_error_message = NULL, updated_at = clock_timestamp()"
                       " WHERE o.outbox_id = ANY (ARRAY("
                       "  SELECT outbox_id FROM (SELECT outbox_id, status, aggregate_version,"
-                      "   min(aggregate_version) FILTER (WHERE status = 'DEAD')"
+                      "   min(aggregate_version) FILTER (WHERE " HOLDING ")"
                       "    OVER (PARTITION BY tenant_id, aggregate_type, aggregate_id) AS dead_v"
                       "   FROM %1$s WHERE published_at IS NULL AND available_at = 'infinity') inf"
                       "  WHERE status IN ('PENDING', 'FAILED')"

@@ -11,6 +11,10 @@
 
 #include "log.h"
 
+/* Topics the producer remembers having asked about (past this many, new
+ * topics wait for librdkafka's own one-second refresh). */
+#define KNOWN_TOPICS_MAX 4096
+
 struct kafka {
         rd_kafka_t *rk;
         kafka_delivery_cb *cb;
@@ -20,6 +24,8 @@ struct kafka {
         int delivery_timeout_ms;
         long long max_message_bytes;
         int broker_up;  /* a delivery succeeded since every broker was last reported down */
+        char **known;   /* topics produced to (a set, KNOWN_TOPICS_MAX * 2 slots) */
+        size_t nknown;
         int wake[2];    /* librdkafka writes to wake[1] when its main queue has events */
 };
 
@@ -371,6 +377,9 @@ fail:
         for (int i = 0; i < 2; i++)
                 if (k->wake[i] >= 0)
                         close(k->wake[i]);
+        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
+                free(k->known[i]);
+        free(k->known);
         free(k);
         return NULL;
 }
@@ -379,9 +388,37 @@ int kafka_fd(const struct kafka *k) {
         return k->wake[0];
 }
 
+/* 1 if `topic` was seen before; else remembers it (while there is room). */
+static int topic_seen(struct kafka *k, const char *topic) {
+        const size_t slots = KNOWN_TOPICS_MAX * 2;
+        if (!k->known && !(k->known = calloc(slots, sizeof *k->known)))
+                return 1;
+        size_t h = 14695981039346656037ULL;
+        for (const char *p = topic; *p; p++)
+                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        for (size_t i = h % slots;; i = (i + 1) % slots) {
+                if (!k->known[i]) {
+                        if (k->nknown >= KNOWN_TOPICS_MAX || !(k->known[i] = strdup(topic)))
+                                return 1;
+                        k->nknown++;
+                        return 0;
+                }
+                if (!strcmp(k->known[i], topic))
+                        return 1;
+        }
+}
+
 int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t key_len,
                   const void *value, size_t value_len, const struct encode_header *hdrs,
                   int hdr_cnt, void *opaque, struct kafka_result *res) {
+        /* A message to a topic librdkafka does not know yet waits for its
+         * one-second metadata refresh; a topic handle the application makes
+         * asks for the topic's metadata at once (without waiting for it). */
+        if (!topic_seen(k, topic)) {
+                rd_kafka_topic_t *rkt = rd_kafka_topic_new(k->rk, topic, NULL);
+                if (rkt)
+                        rd_kafka_topic_destroy(rkt);
+        }
         rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
         for (int i = 0; i < hdr_cnt; i++)
                 rd_kafka_header_add(h, hdrs[i].name, -1, hdrs[i].value,
@@ -448,5 +485,8 @@ void kafka_destroy(struct kafka *k) {
         for (int i = 0; i < 2; i++)
                 if (k->wake[i] >= 0)
                         close(k->wake[i]);
+        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
+                free(k->known[i]);
+        free(k->known);
         free(k);
 }

@@ -911,6 +911,10 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
                 }
         }
         free(ids);
+        if (stmt == RELAY_SQL_MARK_UNPUBLISHED && r->nmarking &&
+            r->marking[0]->mark == DECIDE_FAILED)
+                log_warn("relay", "events failed, will retry", "failed=%zu err=%s retry_ms=%lld",
+                         r->nmarking, r->marking[0]->code, r->marking[0]->delay_ms);
         r->nmarking = missing;
         if (missing)
                 mark_moved(r, now);
@@ -1375,6 +1379,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         .nsql = RELAY_SQL_COUNT,
                         .test_lock_delay_ms = cfg->test_lock_delay_ms,
                         .test_mark_delay_ms = cfg->test_mark_delay_ms,
+                        .test_sample_delay_ms = cfg->test_sample_delay_ms,
                 };
                 /* each connection prepares the statements it runs; the side
                  * connection's read the whole backlog: a longer timeout */
@@ -1394,7 +1399,6 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 cn->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
                 if (!cn->db || db_async_configure(cn->db, &s) != 0)
                         goto oom;
-                db_set_test_hooks(cn->db, cfg->test_sample_delay_ms);
                 cn->backoff_ms = RECONNECT_MIN_MS;
         }
         r->message = message_new(cfg, errstr, errstr_size);

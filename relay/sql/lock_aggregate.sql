@@ -8,9 +8,10 @@
 -- unsent), the aggregate and version, size (what the row weighs as stored:
 -- the fetch measures its text), the aggregate's key.
 --
--- Plan: one index scan of outbox_event_due_idx (the window), one sort of the
--- window by aggregate, then per aggregate at most three probes of
--- outbox_event_agg_idx (gated: they run on the aggregate's head row only),
+-- Plan: one index scan of outbox_event_due_idx (the window), a TID probe per
+-- row (visible), one sort of the window by aggregate, then per aggregate at
+-- most three probes of outbox_event_agg_idx (gated: they run on the
+-- aggregate's head row only),
 -- then the update by ctid. The session turns off the plan types this
 -- statement never wants (sequential and bitmap scans, sorts an index can
 -- replace, hash and merge joins), so no statistics can change its shape.
@@ -36,12 +37,19 @@ window_rows AS MATERIALIZED (
   ORDER BY o.available_at, o.aggregate_version
   LIMIT $2
   FOR UPDATE OF o SKIP LOCKED),
+visible AS MATERIALIZED (
+  -- FOR UPDATE locks, and returns, the newest version of a row another
+  -- transaction changed after the statement began; the statement cannot
+  -- update that version (its snapshot does not see it), so the row sits this
+  -- batch out, and to the guard it is a version the window lacks
+  SELECT w.* FROM window_rows w
+  WHERE EXISTS (SELECT 1 FROM :table c WHERE c.ctid = w.tid)),
 aggregates AS (
   -- each row with its aggregate's lowest and highest version in the window;
   -- `head` marks one row per aggregate, the one that probes
   SELECT w.*, min(w.v) OVER a AS lo, max(w.v) OVER a AS hi, count(*) OVER a AS n,
          w.tid = min(w.tid) OVER a AS head
-  FROM window_rows w
+  FROM visible w
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
   SELECT r.*, prev.v AS prev_v, prev.published AS prev_published,

@@ -19,4 +19,4 @@ SELECT count(*) FILTER (WHERE o.status = 'PENDING')::float8,
          FILTER (WHERE o.status = 'DEAD'
                  AND o.last_error_code IS DISTINCT FROM 'LATE_VERSION')::float8
 FROM :table o
-WHERE o.published_at IS NULL
+WHERE o.published_at IS NULL /* test: sample pause */

@@ -1,13 +1,13 @@
-/* sqlcycle.c - the relay's lock/mark SQL cycle alone, no Kafka: the ceiling
- * the relay is measured against (tests/bench/run, row 1 and 3).
+/* sqlcycle.c - the relay's lock, fetch and mark statements alone, no Kafka:
+ * the ceiling the relay is measured against (tests/bench/run, rows 1 and 3).
  *
  * usage: outbox-bench-sqlcycle drain URL TABLE BATCH CLIENTS TOTAL
  *            CLIENTS threads, each with its own connection, repeat the
- *            relay's lock (aggregate guard on, as the relay's default)
- *            and db_mark() with every outcome PUBLISHED until TOTAL rows
- *            have been marked by all of them together.
+ *            relay's lock (relay/sql/lock_aggregate.sql, the default
+ *            ordering), its fetch and its mark with every outcome PUBLISHED
+ *            until TOTAL rows have been marked by all of them together.
  *        outbox-bench-sqlcycle lock URL TABLE BATCH REPS
- *            one client: REPS lock+mark cycles, each statement timed.
+ *            one client: REPS lock+fetch+mark cycles, each statement timed.
  *
  * Prints one line of key=value pairs on stdout; errors on stderr, exit 1.
  */
@@ -21,6 +21,9 @@
 
 #include "clock.h"
 #include "db.h"
+#include "db_async.h"
+#include "encode.h"
+#include "relay_sql.h"
 
 static const char *url, *table;
 static int batch;
@@ -30,73 +33,93 @@ static atomic_int failed;
 
 struct client {
         int id;
+        char rid[32];
         pthread_t th;
         long long rows, batches, empty;
         double lock_s, mark_s;
         double backend_cpu_s; /* the client's PostgreSQL backend, read at the end */
 };
 
-/* After a top-up that found nothing, how long not to try again (as the relay). */
-#define TOPUP_PAUSE_S 1.0
-/* The relay's default OUTBOX_BATCH_BYTES. */
-#define BENCH_BATCH_BYTES 16777216LL
-
-/* The relay's lock of a batch without a lock ahead (relay/claims.c): the
- * window under the guard, topped up with aggregates' heads when short. */
-static int lock_batch(struct db *db, struct db_batch *b, double *topup_after, char *err,
-                      size_t size) {
-        int unknown;
-        if (db_lock(db, DB_LOCK_RUNS, batch, BENCH_BATCH_BYTES, b, &unknown, err, size) != 0)
-                return -1;
-        size_t got = b->count;
-        if (got < (size_t)batch && clock_mono_s() >= *topup_after) {
-                if (db_lock(db, DB_LOCK_HEADS, batch - (int)got, BENCH_BATCH_BYTES, b, &unknown,
-                            err, size) != 0)
-                        return -1;
-                if (b->count == got)
-                        *topup_after = clock_mono_s() + TOPUP_PAUSE_S;
-        }
-        return 0;
+/* Appends s as an element of a PostgreSQL array literal. */
+static int elem(struct buf *a, const char *s) {
+        return (a->len > 1 && buf_append(a, ",", 1)) || buf_appendf(a, "\"%s\"", s);
 }
 
-/* One lock+mark cycle; returns rows locked or -1. */
-static long cycle(struct db *db, struct db_outcome *outs, double *topup_after, double *lock_s,
-                  double *mark_s) {
-        char err[512];
-        struct db_batch b = {0};
+/* One lock+fetch+mark cycle; returns rows locked or -1. */
+static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s) {
+        char err[512], lim[16];
+        struct buf tids = {0}, ids = {0};
+        long n = -1;
+        snprintf(lim, sizeof lim, "%d", batch);
+        const char *lp[3] = {rid, lim, "{}"};
         double t0 = clock_mono_s();
-        if (lock_batch(db, &b, topup_after, err, sizeof err) != 0) {
-                fprintf(stderr, "sqlcycle: %s\n", err);
-                db_batch_clear(&b);
-                return -1;
+        struct db_result *lock = db_exec(db, RELAY_SQL_LOCK_AGGREGATE, 3, lp, 1, err, sizeof err);
+        struct db_result *fetch = NULL, *mark = NULL;
+        if (!lock || !db_result_ok(lock)) {
+                fprintf(stderr, "sqlcycle: lock: %s\n", lock ? db_result_error(lock) : err);
+                goto out;
+        }
+        n = db_result_rows(lock);
+        if (buf_append(&tids, "{", 1) || buf_append(&ids, "{", 1))
+                goto oom;
+        for (int i = 0; i < n; i++) {
+                char tid[DB_TID_TEXT], id[37];
+                db_tid_text(db_result_value(lock, i, 0), db_result_length(lock, i, 0), tid);
+                db_uuid_text(db_result_value(lock, i, 1), db_result_length(lock, i, 1), id);
+                if (elem(&tids, tid) || elem(&ids, id))
+                        goto oom;
+        }
+        if (buf_append(&tids, "}", 1) || buf_append(&ids, "}", 1))
+                goto oom;
+        if (n > 0) {
+                const char *fp[4] = {tids.data, rid, "16777216", "1000000"};
+                fetch = db_exec(db, RELAY_SQL_FETCH, 4, fp, 1, err, sizeof err);
+                if (!fetch || !db_result_ok(fetch)) {
+                        fprintf(stderr, "sqlcycle: fetch: %s\n", fetch ? db_result_error(fetch) : err);
+                        n = -1;
+                        goto out;
+                }
         }
         double t1 = clock_mono_s();
         *lock_s += t1 - t0;
-        size_t n = b.count;
-        if (n) {
-                for (size_t i = 0; i < n; i++) {
-                        memset(&outs[i], 0, sizeof outs[i]);
-                        outs[i].outbox_id = b.events[i].outbox_id;
-                        outs[i].tid = b.events[i].tid;
-                        outs[i].mark = DB_MARK_PUBLISHED;
-                }
-                size_t lost = 0;
-                if (db_mark(db, outs, n, &lost, err, sizeof err) != 0 || lost) {
-                        fprintf(stderr, "sqlcycle: mark: %s lost=%zu\n", err, lost);
-                        db_batch_clear(&b);
-                        return -1;
+        if (n > 0) {
+                const char *mp[3] = {rid, tids.data, ids.data};
+                mark = db_exec(db, RELAY_SQL_MARK_PUBLISHED, 3, mp, 1, err, sizeof err);
+                if (!mark || !db_result_ok(mark) || db_result_rows(mark) != n) {
+                        fprintf(stderr, "sqlcycle: mark: %s\n",
+                                mark ? db_result_error(mark) : err);
+                        n = -1;
+                        goto out;
                 }
                 *mark_s += clock_mono_s() - t1;
         }
-        db_batch_clear(&b);
-        return (long)n;
+        goto out;
+oom:
+        fprintf(stderr, "sqlcycle: out of memory\n");
+        n = -1;
+out:
+        db_result_free(lock);
+        db_result_free(fetch);
+        db_result_free(mark);
+        buf_free(&tids);
+        buf_free(&ids);
+        return n;
 }
 
-static struct db *open_db(int id) {
-        char err[512], rid[32];
-        snprintf(rid, sizeof rid, "bench-sql-%d", id);
+static struct db *open_db(const char *rid) {
+        char err[512];
         struct db *db = db_new(url, table, rid);
-        if (!db || db_connect(db, err, sizeof err) != 0) {
+        /* the relay's lock and mark sessions */
+        struct db_session s = {.app_name = "outbox-relay:bench",
+                               .statement_timeout_ms = 60000,
+                               .lock_timeout_ms = 2000,
+                               .fixed_plans = 1,
+                               .sql = relay_sql,
+                               .nsql = RELAY_SQL_COUNT,
+                               .prepare = 1ULL << RELAY_SQL_LOCK_AGGREGATE |
+                                          1ULL << RELAY_SQL_FETCH |
+                                          1ULL << RELAY_SQL_MARK_PUBLISHED};
+        if (!db || db_async_configure(db, &s) != 0 || db_connect(db, err, sizeof err) != 0) {
                 fprintf(stderr, "sqlcycle: connect: %s\n", db ? err : "out of memory");
                 db_destroy(db);
                 return NULL;
@@ -127,15 +150,14 @@ static double process_cpu_s(int pid) {
 
 static void *drain(void *arg) {
         struct client *c = arg;
-        struct db *db = open_db(c->id);
-        struct db_outcome *outs = calloc((size_t)batch, sizeof *outs);
-        double topup_after = 0;
-        if (!db || !outs) {
+        snprintf(c->rid, sizeof c->rid, "bench-sql-%d", c->id);
+        struct db *db = open_db(c->rid);
+        if (!db) {
                 atomic_store(&failed, 1);
-                goto out;
+                return NULL;
         }
         while (atomic_load(&marked) < total && !atomic_load(&failed)) {
-                long n = cycle(db, outs, &topup_after, &c->lock_s, &c->mark_s);
+                long n = cycle(db, c->rid, &c->lock_s, &c->mark_s);
                 if (n < 0) {
                         atomic_store(&failed, 1);
                         break;
@@ -152,10 +174,8 @@ static void *drain(void *arg) {
                 c->batches++;
                 atomic_fetch_add(&marked, n);
         }
-out:
-        if (db && db_backend_pid(db))
+        if (db_backend_pid(db))
                 c->backend_cpu_s = process_cpu_s(db_backend_pid(db));
-        free(outs);
         db_destroy(db);
         return NULL;
 }
@@ -166,18 +186,16 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static int run_lock(int reps) {
-        struct db *db = open_db(0);
-        struct db_outcome *outs = calloc((size_t)batch, sizeof *outs);
+        struct db *db = open_db("bench-sql-0");
         double *lock_ms = calloc((size_t)reps, sizeof *lock_ms);
         double *mark_ms = calloc((size_t)reps, sizeof *mark_ms);
         long long rows = 0;
-        double topup_after = 0;
         int rc = 1, done = 0;
-        if (!db || !outs || !lock_ms || !mark_ms)
+        if (!db || !lock_ms || !mark_ms)
                 goto out;
         for (; done < reps; done++) {
                 double l = 0, m = 0;
-                long n = cycle(db, outs, &topup_after, &l, &m);
+                long n = cycle(db, "bench-sql-0", &l, &m);
                 if (n < 0)
                         goto out;
                 if (n == 0)
@@ -199,7 +217,6 @@ static int run_lock(int reps) {
                mark_ms[done / 2]);
         rc = 0;
 out:
-        free(outs);
         free(lock_ms);
         free(mark_ms);
         db_destroy(db);
