@@ -240,20 +240,31 @@ struct db_rows {
 /* Frees r and everything in it; NULL is a no-op. */
 void db_rows_free(struct db_rows *r);
 
-/* Rows by status (every status, 0 when none: an exact count), and the age in
- * whole seconds of the oldest due row ("-" when none). *counts and *oldest
- * are the caller's to free. */
+/* Keeps the first n rows of r (frees the others); nothing when r has no
+ * more. */
+void db_rows_truncate(struct db_rows *r, int n);
+
+/* Rows by status (every status, 0 when none: an exact count), and the oldest
+ * due row's age in whole seconds and created_at (RFC 3339; both NULL when
+ * none). *counts and *oldest are the caller's to free. */
 int db_admin_stats(struct db *db, struct db_rows **counts, struct db_rows **oldest, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
 
-/* At most `limit` DEAD rows, by aggregate and version: id, tenant,
- * aggregate, version, attempts, code, message (80 characters), updated_at. */
-int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
+/* At most `limit` DEAD rows, by aggregate and version. For a table: id,
+ * tenant, aggregate (TYPE/ID), version, attempts, code, message (80
+ * characters), updated_at; with `json`, the columns by their names:
+ * outbox_id, tenant_id, aggregate_type, aggregate_id, aggregate_version,
+ * event_type, attempt_count, last_error_code, last_error_message,
+ * created_at, updated_at. Times are RFC 3339 (UTC). */
+int db_admin_dead(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) __attribute__((warn_unused_result));
 
-/* At most `limit` version gaps, oldest first: tenant, aggregate, the held
- * version, the missing versions ("from-to") and how long it has been held. */
-int db_admin_gaps(struct db *db, long long limit, struct db_rows **out, char *errstr,
+/* At most `limit` version gaps, oldest first. For a table: tenant,
+ * aggregate, the held version, the missing versions ("2", or "2-5") and how
+ * long it has been held; with `json`: tenant_id, aggregate_type,
+ * aggregate_id, held_version, missing_from, missing_to, held_since (RFC
+ * 3339), held_for_s. */
+int db_admin_gaps(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Which DEAD rows a requeue moves: exactly one of outbox_id, the aggregate
@@ -272,6 +283,18 @@ struct db_requeue {
  * two counts. */
 int db_admin_requeue(struct db *db, const struct db_requeue *q, long long *moved, long long *freed,
                      char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* What db_admin_requeue() would do, changing nothing: the two counts, at
+ * most `limit` of the rows it would move (outbox_id, tenant_id,
+ * aggregate_type, aggregate_id, aggregate_version, attempt_count,
+ * last_error_code, last_error_message, updated_at) and, per aggregate, the
+ * parked versions it would make due (tenant_id, aggregate_type,
+ * aggregate_id, parked, from_version, to_version; at most `limit`). The
+ * caller frees *rows and *freed_aggs. */
+int db_admin_requeue_plan(struct db *db, const struct db_requeue *q, long long limit,
+                          long long *moved, long long *freed, struct db_rows **rows,
+                          struct db_rows **freed_aggs, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
 /* Releases the version gap that holds the aggregate: records versions
  * *from..*to as released (a PUBLISHED row of event_type

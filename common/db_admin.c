@@ -4,8 +4,8 @@
  * Prepared on admin connections only (db_set_admin()): those that need no
  * temp table at connect, replay's and reconcile's once their temp tables
  * exist. Every statement that changes rows is one statement (its own
- * transaction) except a replay step, which holds the table lock around
- * one. */
+ * transaction) except a replay step, which holds the table lock around one.
+ * Timestamps come out as RFC 3339 in UTC (RFC3339 below). */
 #include "db.h"
 
 #include <stdio.h>
@@ -17,9 +17,29 @@
 
 /* ---- statements prepared at connect ---- */
 
-enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP, A_COUNT };
+enum {
+        A_STATS_COUNTS,
+        A_STATS_OLDEST,
+        A_DEAD,
+        A_DEAD_JSON,
+        A_GAPS,
+        A_GAPS_JSON,
+        A_REQUEUE,
+        A_REQUEUE_PLAN,
+        A_REQUEUE_PLAN_ROWS,
+        A_REQUEUE_PLAN_FREED,
+        A_RELEASE_GAP,
+        A_COUNT
+};
 
 #define STATUSES "ARRAY['PENDING','PUBLISHING','PUBLISHED','FAILED','DEAD']"
+
+/* A timestamptz as RFC 3339 in UTC with microseconds
+ * (2024-05-01T10:00:00.123456Z); NULL for NULL and the infinities. */
+#define RFC3339(ts)       "to_char(" ts " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+#define CREATED_AT        RFC3339("created_at")
+#define UPDATED_AT        RFC3339("updated_at")
+#define OLDEST_CREATED_AT RFC3339("min(created_at)")
 
 /* The DEAD rows a requeue moves ($1 one id; $2-$4 one aggregate; $5 all, $6
  * with this code), over unqualified columns. */
@@ -28,6 +48,26 @@ enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP,
         " OR ($4::text IS NOT NULL AND tenant_id = $2 AND aggregate_type = $3"                     \
         "  AND aggregate_id = $4)"                                                                 \
         " OR ($5::boolean AND ($6::text IS NULL OR last_error_code = $6)))"
+#define REQUEUE_DEAD "published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
+
+/* After `moved` (the requeued rows, or those a requeue would move), `free`:
+ * the aggregates whose parked versions are due again, those with no DEAD
+ * version left. `still` sees the statement's snapshot (moved rows still
+ * DEAD), so it keeps the DEAD rows the filter does not match. */
+#define REQUEUE_FREE                                                                               \
+        " aggs AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM moved),"           \
+        " still AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"                       \
+        "  FROM %1$s d JOIN aggs a USING (tenant_id, aggregate_type, aggregate_id)"                \
+        "  WHERE d.published_at IS NULL AND d.status = 'DEAD'"                                     \
+        "  AND " REQUEUE_MATCH " IS NOT TRUE),"                                                    \
+        " free AS (SELECT * FROM aggs EXCEPT SELECT * FROM still)"
+/* Row o is a version the sweeper parked behind a DEAD one, of an aggregate
+ * in `free` (as f). */
+#define PARKED_FREED                                                                               \
+        " o.tenant_id = f.tenant_id AND o.aggregate_type = f.aggregate_type"                       \
+        " AND o.aggregate_id = f.aggregate_id AND o.published_at IS NULL"                          \
+        " AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')"                   \
+        " AND o.last_error_code = 'BLOCKED'"
 
 /* The previous version of head `h`'s aggregate in the table, of any status. */
 #define HEAD_PREV                                                                                  \
@@ -35,6 +75,19 @@ enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP,
         " AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"             \
         " AND p.aggregate_version < h.aggregate_version"                                           \
         " ORDER BY p.aggregate_version DESC LIMIT 1)"
+
+/* Version gaps, oldest first, at most $1: heads (lowest unpublished version
+ * of their aggregate) whose previous version in the table is not the one just
+ * below. The held version waits for prev + 1 .. aggregate_version - 1. */
+#define GAPS(columns)                                                                              \
+        "SELECT " columns " FROM (SELECT DISTINCT ON (h.tenant_id, h.aggregate_type,"              \
+        "  h.aggregate_id) h.*, " HEAD_PREV " AS prev FROM %1$s h"                                 \
+        "  WHERE h.published_at IS NULL AND h.status IN ('PENDING', 'FAILED')"                     \
+        "  AND NOT EXISTS (SELECT 1 FROM %1$s p WHERE p.tenant_id = h.tenant_id"                   \
+        "   AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"           \
+        "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version)"             \
+        "  ORDER BY h.tenant_id, h.aggregate_type, h.aggregate_id, h.aggregate_version) x"         \
+        " WHERE prev < aggregate_version - 1 ORDER BY created_at LIMIT $1"
 
 const struct db_stmt db_admin_stmts[A_COUNT] = {
         /* Every status, exact: an operator's question, not a sample. */
@@ -44,59 +97,72 @@ const struct db_stmt db_admin_stmts[A_COUNT] = {
                             " LEFT JOIN %1$s o ON o.status = s.status GROUP BY s.status"
                             " ORDER BY array_position(" STATUSES ", s.status)"},
         [A_STATS_OLDEST] = {"admin_oldest", "stats", 0,
-                            "SELECT coalesce(round(extract(epoch FROM now() - min(created_at)))"
-                            "::text, '-') AS oldest_due_age_s FROM %1$s"
+                            "SELECT round(extract(epoch FROM now() - min(created_at)))::bigint"
+                            " AS oldest_due_age_s, " OLDEST_CREATED_AT " AS oldest_due_created_at"
+                            " FROM %1$s"
                             " WHERE published_at IS NULL AND status IN ('PENDING','FAILED')"},
         [A_DEAD] = {"admin_dead", "dead", 1,
                     "SELECT outbox_id, tenant_id, aggregate_type || '/' || aggregate_id AS"
                     " aggregate, aggregate_version AS version, attempt_count AS attempts,"
                     " last_error_code AS code, left(last_error_message, 80) AS message,"
-                    " updated_at FROM %1$s WHERE published_at IS NULL AND status = 'DEAD'"
+                    " " UPDATED_AT " AS updated_at FROM %1$s"
+                    " WHERE published_at IS NULL AND status = 'DEAD'"
                     " ORDER BY tenant_id, aggregate_type, aggregate_id, aggregate_version"
                     " LIMIT $1"},
-        /* Heads (lowest unpublished version of their aggregate) whose previous
-         * version in the table is not the one just below. */
+        [A_DEAD_JSON] = {"admin_dead_json", "dead", 1,
+                         "SELECT outbox_id, tenant_id, aggregate_type, aggregate_id,"
+                         " aggregate_version, event_type, attempt_count, last_error_code,"
+                         " last_error_message, " CREATED_AT " AS created_at,"
+                         " " UPDATED_AT " AS updated_at FROM %1$s"
+                         " WHERE published_at IS NULL AND status = 'DEAD'"
+                         " ORDER BY tenant_id, aggregate_type, aggregate_id, aggregate_version"
+                         " LIMIT $1"},
         [A_GAPS] = {"admin_gaps", "gaps", 1,
-                    "SELECT tenant_id, aggregate_type || '/' || aggregate_id AS aggregate,"
-                    " aggregate_version AS held_version,"
-                    " (prev + 1)::text || '-' || (aggregate_version - 1)::text AS missing,"
-                    " date_trunc('second', now() - created_at) AS held_for"
-                    " FROM (SELECT DISTINCT ON (h.tenant_id, h.aggregate_type, h.aggregate_id)"
-                    "  h.*, " HEAD_PREV " AS prev FROM %1$s h"
-                    "  WHERE h.published_at IS NULL AND h.status IN ('PENDING', 'FAILED')"
-                    "  AND NOT EXISTS (SELECT 1 FROM %1$s p WHERE p.tenant_id = h.tenant_id"
-                    "   AND p.aggregate_type = h.aggregate_type"
-                    "   AND p.aggregate_id = h.aggregate_id"
-                    "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version)"
-                    "  ORDER BY h.tenant_id, h.aggregate_type, h.aggregate_id,"
-                    "   h.aggregate_version) x"
-                    " WHERE prev < aggregate_version - 1 ORDER BY created_at LIMIT $1"},
+                    GAPS("tenant_id, aggregate_type || '/' || aggregate_id AS aggregate,"
+                         " aggregate_version AS held_version, CASE"
+                         "  WHEN prev + 1 = aggregate_version - 1 THEN (prev + 1)::text"
+                         "  ELSE (prev + 1)::text || '-' || (aggregate_version - 1)::text END"
+                         " AS missing, date_trunc('second', now() - created_at) AS held_for")},
+        [A_GAPS_JSON] = {"admin_gaps_json", "gaps", 1,
+                         GAPS("tenant_id, aggregate_type, aggregate_id, aggregate_version AS"
+                              " held_version, prev + 1 AS missing_from, aggregate_version - 1"
+                              " AS missing_to, " CREATED_AT " AS held_since,"
+                              " floor(extract(epoch FROM now() - created_at))::bigint"
+                              " AS held_for_s")},
         /* DEAD rows only, so a row a relay holds is never touched. The
          * versions the sweeper parked behind them (BLOCKED) are due again at
-         * once where their aggregate has no other DEAD version: `still` sees
-         * the statement's snapshot (the moved rows still DEAD), so it keeps
-         * the DEAD rows the filter does not match. */
-        [A_REQUEUE] = {"admin_requeue", "requeue", 6,
-                       "WITH moved AS (UPDATE %1$s SET status = 'PENDING', attempt_count = 0,"
-                       "  available_at = now(), locked_by = NULL, locked_at = NULL,"
-                       "  updated_at = clock_timestamp()"
-                       "  WHERE published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
-                       "  RETURNING outbox_id, tenant_id, aggregate_type, aggregate_id),"
-                       " aggs AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"
-                       "  FROM moved),"
-                       " still AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"
-                       "  FROM %1$s d JOIN aggs a USING (tenant_id, aggregate_type, aggregate_id)"
-                       "  WHERE d.published_at IS NULL AND d.status = 'DEAD'"
-                       "  AND " REQUEUE_MATCH " IS NOT TRUE),"
-                       " freed AS (UPDATE %1$s o SET available_at = now(),"
-                       "  last_error_code = NULL, last_error_message = NULL,"
-                       "  updated_at = clock_timestamp()"
-                       "  FROM (SELECT * FROM aggs EXCEPT SELECT * FROM still) f"
-                       "  WHERE o.tenant_id = f.tenant_id AND o.aggregate_type = f.aggregate_type"
-                       "  AND o.aggregate_id = f.aggregate_id AND o.published_at IS NULL"
-                       "  AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')"
-                       "  AND o.last_error_code = 'BLOCKED' RETURNING 1)"
-                       " SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM freed)"},
+         * once where their aggregate has no other DEAD version. */
+        [A_REQUEUE] =
+                {"admin_requeue", "requeue", 6,
+                 "WITH moved AS (UPDATE %1$s SET status = 'PENDING', attempt_count = 0,"
+                 "  available_at = now(), locked_by = NULL, locked_at = NULL,"
+                 "  updated_at = clock_timestamp() WHERE " REQUEUE_DEAD
+                 "  RETURNING outbox_id, tenant_id, aggregate_type, aggregate_id)," REQUEUE_FREE
+                 ", freed AS (UPDATE %1$s o SET available_at = now(),"
+                 "  last_error_code = NULL, last_error_message = NULL,"
+                 "  updated_at = clock_timestamp() FROM free f WHERE" PARKED_FREED "  RETURNING 1)"
+                 " SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM freed)"},
+        /* What A_REQUEUE would do, changing nothing: its two counts; the
+         * rows (at most $7); the parked versions, by aggregate (at most $7). */
+        [A_REQUEUE_PLAN] = {"admin_requeue_plan", "requeue", 6,
+                            "WITH moved AS (SELECT * FROM %1$s WHERE " REQUEUE_DEAD
+                            ")," REQUEUE_FREE " SELECT (SELECT count(*) FROM moved),"
+                            " (SELECT count(*) FROM %1$s o JOIN free f ON" PARKED_FREED ")"},
+        [A_REQUEUE_PLAN_ROWS] = {"admin_requeue_plan_rows", "requeue", 7,
+                                 "SELECT outbox_id, tenant_id, aggregate_type, aggregate_id,"
+                                 " aggregate_version, attempt_count, last_error_code,"
+                                 " last_error_message, " UPDATED_AT " AS updated_at"
+                                 " FROM %1$s WHERE " REQUEUE_DEAD
+                                 " ORDER BY tenant_id, aggregate_type, aggregate_id,"
+                                 " aggregate_version LIMIT $7"},
+        [A_REQUEUE_PLAN_FREED] = {"admin_requeue_plan_freed", "requeue", 7,
+                                  "WITH moved AS (SELECT * FROM %1$s WHERE " REQUEUE_DEAD
+                                  ")," REQUEUE_FREE
+                                  " SELECT o.tenant_id, o.aggregate_type, o.aggregate_id,"
+                                  " count(*) AS parked, min(o.aggregate_version) AS"
+                                  " from_version, max(o.aggregate_version) AS to_version"
+                                  " FROM %1$s o JOIN free f ON" PARKED_FREED
+                                  " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 LIMIT $7"},
         /* The held version is the aggregate's lowest unpublished one; the
          * missing versions are recorded by one PUBLISHED row at the version
          * just below it, which the guard then takes as the predecessor.
@@ -260,7 +326,8 @@ enum { C_ROWS, C_TOPICS, C_COUNTS, C_MISSING, C_REORDERS, C_DUPLICATES, C_UNKNOW
         "  f.aggregate_type, f.aggregate_id ORDER BY f.off"                                        \
         "  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS above FROM firsts f)"
 
-#define RC_NO_MESSAGE "NOT EXISTS (SELECT 1 FROM pg_temp.ctl_msgs m WHERE m.event_id = r.outbox_id)"
+#define MISSING_PUBLISHED_AT RFC3339("r.published_at")
+#define RC_NO_MESSAGE        "NOT EXISTS (SELECT 1 FROM pg_temp.ctl_msgs m WHERE m.event_id = r.outbox_id)"
 #define RC_NOT_IN_TABLE                                                                            \
         "(m.event_id IS NULL OR NOT EXISTS (SELECT 1 FROM %1$s o WHERE o.outbox_id = m.event_id))"
 #define RC_DUPS                                                                                    \
@@ -293,8 +360,8 @@ static const struct db_stmt reconcile_stmts[C_COUNT] = {
         [C_MISSING] = {"reconcile_missing", "reconcile: missing", 1,
                        "SELECT r.outbox_id, r.tenant_id, r.aggregate_type || '/' ||"
                        " r.aggregate_id AS aggregate, r.aggregate_version AS version, r.topic,"
-                       " r.published_at FROM pg_temp.ctl_rows r WHERE " RC_NO_MESSAGE
-                       " ORDER BY r.published_at, r.outbox_id LIMIT $1"},
+                       " " MISSING_PUBLISHED_AT " AS published_at FROM pg_temp.ctl_rows r"
+                       " WHERE " RC_NO_MESSAGE " ORDER BY r.published_at, r.outbox_id LIMIT $1"},
         [C_REORDERS] = {"reconcile_reorders", "reconcile: reorders", 1,
                         RC_FIRSTS " SELECT topic, part AS partition, off AS \"offset\", tenant_id,"
                                   " aggregate_type || '/' || aggregate_id AS aggregate,"
@@ -405,6 +472,16 @@ void db_rows_free(struct db_rows *r) {
         free(r);
 }
 
+void db_rows_truncate(struct db_rows *r, int n) {
+        if (!r || n < 0 || n >= r->nrows)
+                return;
+        for (long i = (long)n * r->ncols; i < (long)r->nrows * r->ncols; i++) {
+                free(r->cells[i]);
+                r->cells[i] = NULL;
+        }
+        r->nrows = n;
+}
+
 /* Copies a result out of libpq; NULL on allocation failure. */
 static struct db_rows *rows_of(const PGresult *res) {
         struct db_rows *r = calloc(1, sizeof *r);
@@ -509,25 +586,59 @@ static int limited_rows(struct db *db, const struct db_stmt *s, long long limit,
         return query_rows(db, s, params, out, errstr, size);
 }
 
-int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
+int db_admin_dead(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) {
-        return limited_rows(db, &db_admin_stmts[A_DEAD], limit, out, errstr, errstr_size);
+        return limited_rows(db, &db_admin_stmts[json ? A_DEAD_JSON : A_DEAD], limit, out, errstr,
+                            errstr_size);
 }
 
-int db_admin_gaps(struct db *db, long long limit, struct db_rows **out, char *errstr,
+int db_admin_gaps(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) {
-        return limited_rows(db, &db_admin_stmts[A_GAPS], limit, out, errstr, errstr_size);
+        return limited_rows(db, &db_admin_stmts[json ? A_GAPS_JSON : A_GAPS], limit, out, errstr,
+                            errstr_size);
+}
+
+/* The requeue statements' parameters $1..$6 (and $7, the limit, when lim). */
+static void requeue_params(const struct db_requeue *q, const char *lim, const char *params[7]) {
+        params[0] = q->outbox_id;
+        params[1] = q->aggregate_id ? q->tenant_id : NULL;
+        params[2] = q->aggregate_type;
+        params[3] = q->aggregate_id;
+        params[4] = q->all_dead ? "true" : "false";
+        params[5] = q->code;
+        params[6] = lim;
 }
 
 int db_admin_requeue(struct db *db, const struct db_requeue *q, long long *moved, long long *freed,
                      char *errstr, size_t errstr_size) {
-        const char *params[6] = {
-                q->outbox_id,    q->aggregate_id ? q->tenant_id : NULL, q->aggregate_type,
-                q->aggregate_id, q->all_dead ? "true" : "false",        q->code};
+        const char *params[7];
         long long c[2] = {0, 0};
+        requeue_params(q, NULL, params);
         int rc = query_counts(db, &db_admin_stmts[A_REQUEUE], params, c, 2, errstr, errstr_size);
         *moved = c[0];
         *freed = c[1];
+        return rc;
+}
+
+int db_admin_requeue_plan(struct db *db, const struct db_requeue *q, long long limit,
+                          long long *moved, long long *freed, struct db_rows **rows,
+                          struct db_rows **freed_aggs, char *errstr, size_t errstr_size) {
+        const char *params[7];
+        char lim[24];
+        long long c[2] = {0, 0};
+        *rows = *freed_aggs = NULL;
+        snprintf(lim, sizeof lim, "%lld", limit);
+        requeue_params(q, lim, params);
+        int rc = query_counts(db, &db_admin_stmts[A_REQUEUE_PLAN], params, c, 2, errstr,
+                              errstr_size);
+        *moved = c[0];
+        *freed = c[1];
+        if (rc == 0)
+                rc = query_rows(db, &db_admin_stmts[A_REQUEUE_PLAN_ROWS], params, rows, errstr,
+                                errstr_size);
+        if (rc == 0)
+                rc = query_rows(db, &db_admin_stmts[A_REQUEUE_PLAN_FREED], params, freed_aggs,
+                                errstr, errstr_size);
         return rc;
 }
 

@@ -317,20 +317,35 @@ def test_replay_refuses_what_it_must_not_move(db, kafka, tmp_path):
     ["reconcile", "--since", "1h", "--until", "2h"],
     ["reconcile", "--margin", "5"],
     ["reconcile", "--json=yes"],
+    ["requeue", "--all-dead", "--limit", "5"],
+    ["stats", "--dry-run"],
+    ["--version", "stats"],
     ["frobnicate"],
     [],
 ])
 def test_usage_errors_exit_2_with_one_line(db, kafka, args):
+    """One plain line (not a log line) saying what is wrong and where the
+    usage is, nothing on stdout, exit 2."""
     r = outboxctl(ctl_env(db, kafka), *args, expect=2)
     lines = r.stderr.splitlines()
-    assert len(lines) == 1 and "bad usage" in lines[0], lines
+    assert len(lines) == 1, lines
+    commands = ("stats", "dead", "requeue", "gaps", "release-gap", "replay", "reconcile")
+    cmd = args[0] if args and args[0] in commands else None
+    assert re.fullmatch(r"outboxctl: .+ \(see outboxctl %s--help\)"
+                        % (cmd + " " if cmd else ""), lines[0]), lines
+    assert "level=" not in lines[0] and not lines[0].startswith("{"), lines
     assert r.stdout == ""
 
 
 def test_help_and_settings(db, kafka):
+    r = outboxctl({}, "--version", expect=0)
+    assert re.fullmatch(r"outboxctl \d+\.\d+\.\d+\n", r.stdout) and r.stderr == "", r
+    relay = subprocess.run([bin_path("outbox-relay"), "--version"], stdout=subprocess.PIPE,
+                           text=True)
+    assert r.stdout.split()[1] == relay.stdout.split()[1], "the daemons' version, their format"
     r = outboxctl({}, "--help", expect=0)
     for word in ("stats", "dead", "requeue", "gaps", "release-gap", "replay", "reconcile",
-                 "OUTBOX_DATABASE_URL", "OUTBOX_TOPIC_TEMPLATE"):
+                 "--version", "OUTBOX_DATABASE_URL", "OUTBOX_TOPIC_TEMPLATE"):
         assert word in r.stdout, word
     assert "--from-version" in outboxctl({}, "replay", "--help", expect=0).stdout
     # reconcile needs a broker; the other commands do not
