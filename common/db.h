@@ -338,20 +338,51 @@ struct db_replay_counts {
 
 /* Adds what replaying aggregates first..last (db_replay_select()'s numbers)
  * would do to *c and changes nothing; with examples > 0, *ex gets up to that
- * many rows it would move (id, tenant, aggregate, version, topic,
- * published_at), else NULL. */
+ * many rows it would move (outbox_id, tenant_id, aggregate (TYPE/ID),
+ * version, topic, published_at (RFC 3339)), else NULL. */
 int db_replay_plan(struct db *db, long long first, long long last, long long examples,
                    struct db_replay_counts *c, struct db_rows **ex, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
 
-/* Replays aggregates first..last in one transaction that holds the table
- * in SHARE ROW EXCLUSIVE mode (no relay locks or marks a row and no
- * application inserts one meanwhile, so none can publish a later version of
- * an aggregate ahead of the replayed ones). The moved rows are PENDING, due
- * now, attempt_count 0, published_at NULL. Adds to *c. A lock not granted
- * within lock_timeout_ms sets *lock_timeout and changes nothing. */
-int db_replay_run(struct db *db, long long first, long long last, int lock_timeout_ms,
-                  int *lock_timeout, struct db_replay_counts *c, char *errstr, size_t errstr_size)
+/* A replay step in two statements, each its own transaction, that lock rows
+ * and never the table (docs/DESIGN.md, "Replaying"). Both lock every row of
+ * their aggregates from the start version up (waiting at most
+ * lock_timeout_ms for a row another transaction holds) and leave alone the
+ * aggregates with a version PUBLISHING.
+ *
+ * db_replay_hold(): the PUBLISHED rows of aggregates first..last that a
+ * replay moves are held: PUBLISHING, locked_by 'outboxctl replay' (no relay
+ * takes them; to the guard they are unpublished), attempt_count 0,
+ * published_at NULL, due now; their unpublished rows get a new row version
+ * (nothing changes), so a lock statement older than it passes them by. Adds
+ * to *c. A lock not granted in time sets *busy and changes nothing. */
+int db_replay_hold(struct db *db, long long first, long long last, int lock_timeout_ms, int *busy,
+                   struct db_replay_counts *c, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* What db_replay_release() did. */
+struct db_replay_release {
+        long long due;             /* held rows made due */
+        long long late;            /* rows published since the hold, replayed with them */
+        long long late_aggregates; /* their aggregates */
+        long long busy_aggregates; /* aggregates with a version PUBLISHING: still held */
+};
+
+/* db_replay_hold()'s second half, for first..last: where no version of an
+ * aggregate is PUBLISHING (but its held rows), its held rows become PENDING
+ * (due), rows published since the hold are replayed with them (PENDING, due
+ * now) and unpublished rows get a new row version. The other aggregates' rows stay held: call
+ * again (or db_replay_undo()). A lock not granted in time sets *busy and
+ * changes nothing. */
+int db_replay_release(struct db *db, long long first, long long last, int *busy,
+                      struct db_replay_release *out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Gives the rows of first..last that are still held back as they were
+ * before the hold (PUBLISHED, their published_at, due time, attempts and
+ * error columns). *rows and *aggregates get the counts. */
+int db_replay_undo(struct db *db, long long first, long long last, long long *rows,
+                   long long *aggregates, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 /* Reconcile, step 1: the PUBLISHED rows published in [since, until) (RFC

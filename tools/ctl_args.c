@@ -37,7 +37,8 @@ static const struct {
          "    GAP_RELEASED, never sent); exit 1 when no gap holds the aggregate"},
         {CTL_REPLAY, "replay",
          "replay (--aggregate TYPE/ID [--tenant T] [--from-version N] |\n"
-         "           --since T [--until T] [--topic TOPIC ...]) [--dry-run] [--examples N]",
+         "           --since T [--until T] [--topic TOPIC ...]) [--dry-run] [--examples N]\n"
+         "           [--json]",
          "PUBLISHED -> PENDING, so the relays publish the rows again, in version order:\n"
          "    one aggregate (from version N), or every aggregate with rows published in\n"
          "    [since, until) (of those topics). Each aggregate is replayed from its lowest\n"
@@ -75,10 +76,10 @@ enum opt_id {
         O_HELP
 };
 
-/* The commands that print JSON with --json. */
+/* The commands that print JSON with --json: all of them. */
 #define JSON_CMDS                                                                                  \
         (BIT(CTL_STATS) | BIT(CTL_DEAD) | BIT(CTL_REQUEUE) | BIT(CTL_GAPS) |                       \
-         BIT(CTL_RELEASE_GAP) | BIT(CTL_RECONCILE))
+         BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY) | BIT(CTL_RECONCILE))
 
 static const struct {
         enum opt_id id;

@@ -462,3 +462,42 @@ def test_replay_while_relays_publish_and_new_versions_commit(db, kafka, tmp_path
     assert out["missing"] == 0 and out["reorders"] == 0, out
     print("%d replays moved %d rows; %d versions; %d messages"
           % (replays, moved, inserted[0], len(msgs)))
+
+
+PAUSED = ("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+          " AND query LIKE '%%FOR UPDATE OF o SKIP LOCKED%%' AND query LIKE %s")
+
+
+def test_replay_while_a_lock_statement_that_began_before_it_runs(db, kafka, tmp_path):
+    """A lock statement begins (its snapshot: versions 1-5 published, 6
+    committed and due), then a replay of 3.. runs to its end before the
+    statement locks rows. The statement must not take version 6 ahead of the
+    replayed 3-5 (they would go DEAD as LATE_VERSION): the replay gave 6 a new
+    row version, which the statement cannot see, so it passes 6 by. Kafka gets
+    3, 4, 5, 6 in order. The relay's lock statements pause 3 s before their
+    row locks (test hook OUTBOX_TEST_LOCK_DELAY_MS; skipped without hooks)."""
+    if "OUTBOX_TEST_REPLAY_PAUSE_MS" not in outboxctl({}, "--help").stdout:
+        pytest.skip("needs -DOUTBOX_TEST_HOOKS=ON")
+    topic = topic_of(db)
+    kafka.create_topic(topic, 1)
+    db.insert_events([row("old", v) for v in range(1, 6)])
+    db.execute("UPDATE %s SET status = 'PUBLISHED', published_at = now()" % db.table)
+    db.insert_events([row("old", 6)])
+    env = relay_env(db, kafka, OUTBOX_TEST_LOCK_DELAY_MS=3000)
+    with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+        wait_until(lambda: db.execute(PAUSED, ("%%%s%%" % db.schema,))[0]["n"] > 0, 30,
+                   what="a lock statement paused before its row locks")
+        # exit 1: version 6, asked for but not PUBLISHED, is refused (left as it is)
+        r = outboxctl(ctl_env(db, kafka), "replay", "--aggregate", "Order/old",
+                      "--from-version", "3", expect=1)
+        assert "replayed 3 row(s) of 1 aggregate(s)" in r.stdout, r.stdout
+        assert "refused 1 row(s) not PUBLISHED (PENDING 1" in r.stdout, r.stdout
+        # the paused statement is still before its row locks
+        assert db.execute(PAUSED, ("%%%s%%" % db.schema,))[0]["n"] > 0, "replay too slow"
+        wait_until(lambda: db.count("status NOT IN ('PUBLISHED', 'DEAD')") == 0, 60,
+                   what="all PUBLISHED or DEAD")
+        assert relay.stop() == 0
+    dead = db.rows(where="status = 'DEAD'")
+    assert not dead, [(d["aggregate_version"], d["last_error_message"]) for d in dead]
+    seen, all_ = first_copies(read_topics(kafka.bootstrap, topics=[topic]), "old")
+    assert all_ == [3, 4, 5, 6], all_

@@ -129,3 +129,14 @@ def test_release_gap_json(db):
     assert "released 2-5:" in ctl(db, "release-gap", "--aggregate", "Order/h").stdout
     out = js(db, "release-gap", "--aggregate", "Order/g", expect=1)
     assert out["released"] is False, out
+
+
+def test_replay_json_published_at_is_rfc3339(db):
+    seed(db)
+    out = js(db, "replay", "--since", "1h", "--dry-run", "--examples", "5")
+    assert out["dry_run"] is True and out["moved"] == 3 and out["aggregates"] == 3, out
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", out["since"]), out
+    assert out["topics"] == [], out
+    assert out["unpublished"]["DEAD"] == 1 and out["refused"] == 0, out
+    assert all(RFC3339.fullmatch(e["published_at"]) for e in out["examples"]), out
+    assert db.count("status = 'PUBLISHED'") == 3

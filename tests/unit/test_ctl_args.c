@@ -61,6 +61,7 @@ Test(ctl_args, json_everywhere_and_dry_runs) {
                                  {"gaps"},
                                  {"requeue", "--all-dead"},
                                  {"release-gap", "--aggregate", "A/b"},
+                                 {"replay", "--since", "1h"},
                                  {"reconcile"}};
         for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
                 char *args[6] = {"outboxctl"};
