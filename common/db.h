@@ -442,4 +442,41 @@ int db_reconcile_examples(struct db *db, enum db_reconcile_kind kind, long long 
                           struct db_rows **out, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
+/* ---- schema migrations (db_migrate.c: outboxctl migrate) ---- */
+
+/* One migration: schemas/postgres/NNN_name.sql, built in. */
+struct db_migration {
+        int version;      /* NNN */
+        const char *name; /* "NNN_name" */
+        const char *sql;  /* the file's text */
+};
+
+/* Connects db for migrating (no table needed, nothing prepared) and sets
+ * search_path to the one schema the migrations apply in: the schema
+ * OUTBOX_TABLE names (it must exist), else the schema of the table
+ * search_path finds, else the first schema of search_path that exists.
+ * Copies its name into schema. 0, or -1 with errstr set (no password in
+ * it). */
+int db_migrate_connect(struct db *db, char *schema, size_t schema_size, char *errstr,
+                       size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Takes the session advisory lock of outboxctl migrate, waiting at most
+ * wait_s seconds for another session that holds it. */
+int db_migrate_lock(struct db *db, int wait_s, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* The highest migration recorded in the schema (0: none), whether the
+ * record table exists, whether the outbox table (outbox_event) does. */
+int db_migrate_level(struct db *db, int *level, int *recorded, int *table_exists, char *errstr,
+                     size_t errstr_size) __attribute__((warn_unused_result));
+
+/* *yes: whether migration `version` is recorded as applied. */
+int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Applies m and records it, in one transaction (creating the record table
+ * first if it is missing). 0, or -1 with errstr set and nothing changed. */
+int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
 #endif

@@ -55,6 +55,12 @@ static const struct {
          "    version after a higher version's, per aggregate and partition), duplicates\n"
          "    and unknown messages (event id not in the table). Exit 1 when missing or\n"
          "    reorders is not 0. Needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS"},
+        {CTL_MIGRATE, "migrate", "migrate [--dry-run] [--json]",
+         "applies the schema migrations built into this program (schemas/postgres) that\n"
+         "    the database has not recorded, in order, each in its own transaction, under\n"
+         "    an advisory lock; creates OUTBOX_TABLE's table (it must be named outbox_event,\n"
+         "    in any schema). Exit 1 when the database records a migration newer than this\n"
+         "    program knows. --dry-run lists what it would apply"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -79,7 +85,7 @@ enum opt_id {
 /* The commands that print JSON with --json: all of them. */
 #define JSON_CMDS                                                                                  \
         (BIT(CTL_STATS) | BIT(CTL_DEAD) | BIT(CTL_REQUEUE) | BIT(CTL_GAPS) |                       \
-         BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY) | BIT(CTL_RECONCILE))
+         BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY) | BIT(CTL_RECONCILE) | BIT(CTL_MIGRATE))
 
 static const struct {
         enum opt_id id;
@@ -100,7 +106,7 @@ static const struct {
         {O_MARGIN, "--margin", 1, BIT(CTL_RECONCILE)},
         {O_EXAMPLES, "--examples", 1, BIT(CTL_REPLAY) | BIT(CTL_RECONCILE)},
         {O_JSON, "--json", 0, JSON_CMDS},
-        {O_DRY_RUN, "--dry-run", 0, BIT(CTL_REPLAY) | BIT(CTL_REQUEUE)},
+        {O_DRY_RUN, "--dry-run", 0, BIT(CTL_REPLAY) | BIT(CTL_REQUEUE) | BIT(CTL_MIGRATE)},
         {O_HELP, "--help", 0, ~0u},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -460,7 +466,7 @@ int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, 
         if (argc < 2)
                 return errstr_set(errstr, errstr_size,
                                   "a command is needed: stats, dead, requeue, gaps, release-gap, "
-                                  "replay or reconcile");
+                                  "replay, reconcile or migrate");
         const char *word = argv[1];
         if (!strcmp(word, "--help") || !strcmp(word, "-h") || !strcmp(word, "help")) {
                 a->help = 1;
@@ -478,7 +484,7 @@ int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, 
         if (a->cmd == CTL_NONE)
                 return errstr_set(errstr, errstr_size,
                                   "unknown command '%s' (stats, dead, requeue, gaps, release-gap, "
-                                  "replay, reconcile)",
+                                  "replay, reconcile, migrate)",
                                   word);
         for (int i = 2; i < argc; i++) {
                 const char *arg = argv[i], *eq = strchr(arg, '='), *v = NULL;

@@ -14,7 +14,8 @@ enum ctl_command {
         CTL_GAPS,
         CTL_RELEASE_GAP,
         CTL_REPLAY,
-        CTL_RECONCILE
+        CTL_RECONCILE,
+        CTL_MIGRATE
 };
 
 /* --topic may be given this many times. */

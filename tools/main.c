@@ -23,8 +23,8 @@ static void print_help(void) {
         printf("  OUTBOX_KAFKA_*               librdkafka properties, as for the relay "
                "(reconcile)\n"
                "\nExit codes: 0 ok, 1 a problem found (reconcile: missing or reorders; "
-               "replay: rows refused;\nrelease-gap: no gap) or a runtime error, 2 usage or bad "
-               "configuration.\n");
+               "replay: rows refused;\nrelease-gap: no gap; migrate: the database's schema is "
+               "newer) or a runtime error,\n2 usage or bad configuration.\n");
 }
 
 /* A usage error: one plain line (not a log line), naming what is wrong and
@@ -53,6 +53,7 @@ static int run(struct ctl *c) {
         case CTL_RELEASE_GAP: return ctl_release_gap(c);
         case CTL_REPLAY: return ctl_replay(c);
         case CTL_RECONCILE: return ctl_reconcile(c);
+        case CTL_MIGRATE: return ctl_migrate(c);
         case CTL_NONE: break;
         }
         return 2;
@@ -99,7 +100,8 @@ int main(int argc, char **argv) {
                 log_error("outboxctl", "out of memory", NULL);
                 goto out;
         }
-        if (db_connect(db, err, sizeof err) != 0) {
+        /* migrate connects by itself: the table need not exist yet */
+        if (args.cmd != CTL_MIGRATE && db_connect(db, err, sizeof err) != 0) {
                 log_error("db", "cannot connect", "err=%s", err);
                 goto out;
         }

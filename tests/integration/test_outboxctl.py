@@ -318,6 +318,7 @@ def test_replay_refuses_what_it_must_not_move(db, kafka, tmp_path):
     ["reconcile", "--margin", "5"],
     ["reconcile", "--json=yes"],
     ["requeue", "--all-dead", "--limit", "5"],
+    ["migrate", "--limit", "5"],
     ["stats", "--dry-run"],
     ["--version", "stats"],
     ["frobnicate"],
@@ -329,7 +330,8 @@ def test_usage_errors_exit_2_with_one_line(db, kafka, args):
     r = outboxctl(ctl_env(db, kafka), *args, expect=2)
     lines = r.stderr.splitlines()
     assert len(lines) == 1, lines
-    commands = ("stats", "dead", "requeue", "gaps", "release-gap", "replay", "reconcile")
+    commands = ("stats", "dead", "requeue", "gaps", "release-gap", "replay", "reconcile",
+                "migrate")
     cmd = args[0] if args and args[0] in commands else None
     assert re.fullmatch(r"outboxctl: .+ \(see outboxctl %s--help\)"
                         % (cmd + " " if cmd else ""), lines[0]), lines
@@ -345,7 +347,7 @@ def test_help_and_settings(db, kafka):
     assert r.stdout.split()[1] == relay.stdout.split()[1], "the daemons' version, their format"
     r = outboxctl({}, "--help", expect=0)
     for word in ("stats", "dead", "requeue", "gaps", "release-gap", "replay", "reconcile",
-                 "--version", "OUTBOX_DATABASE_URL", "OUTBOX_TOPIC_TEMPLATE"):
+                 "migrate", "--version", "OUTBOX_DATABASE_URL", "OUTBOX_TOPIC_TEMPLATE"):
         assert word in r.stdout, word
     assert "--from-version" in outboxctl({}, "replay", "--help", expect=0).stdout
     # reconcile needs a broker; the other commands do not

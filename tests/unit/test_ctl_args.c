@@ -62,7 +62,8 @@ Test(ctl_args, json_everywhere_and_dry_runs) {
                                  {"requeue", "--all-dead"},
                                  {"release-gap", "--aggregate", "A/b"},
                                  {"replay", "--since", "1h"},
-                                 {"reconcile"}};
+                                 {"reconcile"},
+                                 {"migrate"}};
         for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
                 char *args[6] = {"outboxctl"};
                 int n = 1;
@@ -77,6 +78,8 @@ Test(ctl_args, json_everywhere_and_dry_runs) {
                            "--limit", "5"),
                      0, "%s", err);
         cr_assert(a.dry_run && a.limit == 5);
+        cr_assert_eq(PARSE("migrate", "--dry-run"), 0, "%s", err);
+        cr_assert(a.dry_run && a.cmd == CTL_MIGRATE);
 }
 
 Test(ctl_args, requeue_modes) {
@@ -133,6 +136,7 @@ Test(ctl_args, usage_errors) {
         refused(PARSE("frobnicate"), "unknown command 'frobnicate'");
         refused(PARSE("requeue", "--all-dead", "--limit", "3"), "--limit goes with --dry-run");
         refused(PARSE("stats", "--dry-run"), "unknown argument '--dry-run'");
+        refused(PARSE("migrate", "--limit", "3"), "unknown argument '--limit'");
         refused(PARSE("--version", "stats"), "--version takes no arguments");
         char *only[] = {"outboxctl"};
         refused(ctl_args_parse(&a, 1, only, NOW, err, sizeof err), "a command is needed");
