@@ -187,6 +187,7 @@ int ctl_replay(struct ctl *c) {
         struct db_replay_counts sum = {0};
         struct db_rows *ex = NULL;
         long long aggregates = 0, selected = 0;
+        long long held = 0; /* rows the current step holds, not yet released */
 
         ctl_format_time(a->since_ms, since, sizeof since);
         ctl_format_time(a->until_ms, until, sizeof until);
@@ -210,13 +211,16 @@ int ctl_replay(struct ctl *c) {
                                 ex = step_ex;
                         }
                 } else {
+                        long long before = sum.moved;
                         if (hold(c, first, last, &sum, err, sizeof err) != 0)
                                 goto fail;
+                        held = sum.moved - before;
                         /* test hook (OUTBOX_TEST_REPLAY_PAUSE_MS; 0 in other builds) */
                         if (c->cfg->test_replay_pause_ms > 0)
                                 pause_ms(c->cfg->test_replay_pause_ms);
                         if (release(c, first, last, &sum, err, sizeof err) != 0)
                                 goto fail;
+                        held = 0;
                 }
                 if (clock_mono_s() >= next_progress) {
                         next_progress += PROGRESS_EVERY_S;
@@ -240,10 +244,14 @@ int ctl_replay(struct ctl *c) {
         db_rows_free(ex);
         return refused_rows(a, &sum) > 0 ? 1 : 0;
 fail:
-        if (sum.moved)
-                printf("replayed %lld row(s) of %lld aggregate(s) before the error\n", sum.moved,
-                       sum.moved_aggregates);
+        if (sum.moved - held > 0)
+                printf("replayed %lld row(s) before the error\n", sum.moved - held);
         log_error("replay", "replay failed", "err=%s", err);
+        if (held > 0)
+                log_warn("replay",
+                         "rows held by this replay stay PUBLISHING until the sweeper takes them "
+                         "back (OUTBOX_LOCK_TIMEOUT_S); then they are published in order",
+                         "rows=%lld locked_by=%s", held, "outboxctl replay");
         db_rows_free(ex);
         return 1;
 }
