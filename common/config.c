@@ -118,6 +118,8 @@ static const struct opt opts[] = {
          NULL, "test hook: every table sample takes this much longer"},
         {"OUTBOX_TEST_MARK_DELAY_MS", T_INT, "0", O(test_mark_delay_ms), RELAY, 0, 3600000, NULL,
          "test hook: every mark statement pauses this long before it changes rows"},
+        {"OUTBOX_TEST_REPLAY_PAUSE_MS", T_INT, "0", O(test_replay_pause_ms), CTL, 0, 3600000, NULL,
+         "test hook: outboxctl replay pauses this long between a step's two halves"},
 #endif
 };
 #undef O

@@ -100,20 +100,31 @@ struct db_rows {
 /* Frees r and everything in it; NULL is a no-op. */
 void db_rows_free(struct db_rows *r);
 
-/* Rows by status (every status, 0 when none: an exact count), and the age in
- * whole seconds of the oldest due row ("-" when none). *counts and *oldest
- * are the caller's to free. */
+/* Keeps the first n rows of r (frees the others); nothing when r has no
+ * more. */
+void db_rows_truncate(struct db_rows *r, int n);
+
+/* Rows by status (every status, 0 when none: an exact count), and the oldest
+ * due row's age in whole seconds and created_at (RFC 3339; both NULL when
+ * none). *counts and *oldest are the caller's to free. */
 int db_admin_stats(struct db *db, struct db_rows **counts, struct db_rows **oldest, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
 
-/* At most `limit` DEAD rows, by aggregate and version: id, tenant,
- * aggregate, version, attempts, code, message (80 characters), updated_at. */
-int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
+/* At most `limit` DEAD rows, by aggregate and version. For a table: id,
+ * tenant, aggregate (TYPE/ID), version, attempts, code, message (80
+ * characters), updated_at; with `json`, the columns by their names:
+ * outbox_id, tenant_id, aggregate_type, aggregate_id, aggregate_version,
+ * event_type, attempt_count, last_error_code, last_error_message,
+ * created_at, updated_at. Times are RFC 3339 (UTC). */
+int db_admin_dead(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) __attribute__((warn_unused_result));
 
-/* At most `limit` version gaps, oldest first: tenant, aggregate, the held
- * version, the missing versions ("from-to") and how long it has been held. */
-int db_admin_gaps(struct db *db, long long limit, struct db_rows **out, char *errstr,
+/* At most `limit` version gaps, oldest first. For a table: tenant,
+ * aggregate, the held version, the missing versions ("2", or "2-5") and how
+ * long it has been held; with `json`: tenant_id, aggregate_type,
+ * aggregate_id, held_version, missing_from, missing_to, held_since (RFC
+ * 3339), held_for_s. */
+int db_admin_gaps(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Which DEAD rows a requeue moves: exactly one of outbox_id, the aggregate
@@ -132,6 +143,18 @@ struct db_requeue {
  * two counts. */
 int db_admin_requeue(struct db *db, const struct db_requeue *q, long long *moved, long long *freed,
                      char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
+
+/* What db_admin_requeue() would do, changing nothing: the two counts, at
+ * most `limit` of the rows it would move (outbox_id, tenant_id,
+ * aggregate_type, aggregate_id, aggregate_version, attempt_count,
+ * last_error_code, last_error_message, updated_at) and, per aggregate, the
+ * parked versions it would make due (tenant_id, aggregate_type,
+ * aggregate_id, parked, from_version, to_version; at most `limit`). The
+ * caller frees *rows and *freed_aggs. */
+int db_admin_requeue_plan(struct db *db, const struct db_requeue *q, long long limit,
+                          long long *moved, long long *freed, struct db_rows **rows,
+                          struct db_rows **freed_aggs, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
 
 /* Releases the version gap that holds the aggregate: records versions
  * *from..*to as released (a PUBLISHED row of event_type
@@ -175,20 +198,51 @@ struct db_replay_counts {
 
 /* Adds what replaying aggregates first..last (db_replay_select()'s numbers)
  * would do to *c and changes nothing; with examples > 0, *ex gets up to that
- * many rows it would move (id, tenant, aggregate, version, topic,
- * published_at), else NULL. */
+ * many rows it would move (outbox_id, tenant_id, aggregate (TYPE/ID),
+ * version, topic, published_at (RFC 3339)), else NULL. */
 int db_replay_plan(struct db *db, long long first, long long last, long long examples,
                    struct db_replay_counts *c, struct db_rows **ex, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
 
-/* Replays aggregates first..last in one transaction that holds the table
- * in SHARE ROW EXCLUSIVE mode (no relay locks or marks a row and no
- * application inserts one meanwhile, so none can publish a later version of
- * an aggregate ahead of the replayed ones). The moved rows are PENDING, due
- * now, attempt_count 0, published_at NULL. Adds to *c. A lock not granted
- * within lock_timeout_ms sets *lock_timeout and changes nothing. */
-int db_replay_run(struct db *db, long long first, long long last, int lock_timeout_ms,
-                  int *lock_timeout, struct db_replay_counts *c, char *errstr, size_t errstr_size)
+/* A replay step in two statements, each its own transaction, that lock rows
+ * and never the table (docs/DESIGN.md, "Replaying"). Both lock every row of
+ * their aggregates from the start version up (waiting at most
+ * lock_timeout_ms for a row another transaction holds) and leave alone the
+ * aggregates with a version PUBLISHING.
+ *
+ * db_replay_hold(): the PUBLISHED rows of aggregates first..last that a
+ * replay moves are held: PUBLISHING, locked_by 'outboxctl replay' (no relay
+ * takes them; to the guard they are unpublished), attempt_count 0,
+ * published_at NULL, due now; their unpublished rows get a new row version
+ * (nothing changes), so a lock statement older than it passes them by. Adds
+ * to *c. A lock not granted in time sets *busy and changes nothing. */
+int db_replay_hold(struct db *db, long long first, long long last, int lock_timeout_ms, int *busy,
+                   struct db_replay_counts *c, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* What db_replay_release() did. */
+struct db_replay_release {
+        long long due;             /* held rows made due */
+        long long late;            /* rows published since the hold, replayed with them */
+        long long late_aggregates; /* their aggregates */
+        long long busy_aggregates; /* aggregates with a version PUBLISHING: still held */
+};
+
+/* db_replay_hold()'s second half, for first..last: where no version of an
+ * aggregate is PUBLISHING (but its held rows), its held rows become PENDING
+ * (due), rows published since the hold are replayed with them (PENDING, due
+ * now) and unpublished rows get a new row version. The other aggregates' rows stay held: call
+ * again (or db_replay_undo()). A lock not granted in time sets *busy and
+ * changes nothing. */
+int db_replay_release(struct db *db, long long first, long long last, int *busy,
+                      struct db_replay_release *out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Gives the rows of first..last that are still held back as they were
+ * before the hold (PUBLISHED, their published_at, due time, attempts and
+ * error columns). *rows and *aggregates get the counts. */
+int db_replay_undo(struct db *db, long long first, long long last, long long *rows,
+                   long long *aggregates, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 /* Reconcile, step 1: the PUBLISHED rows published in [since, until) (RFC
@@ -246,6 +300,43 @@ enum db_reconcile_kind {
 };
 int db_reconcile_examples(struct db *db, enum db_reconcile_kind kind, long long limit,
                           struct db_rows **out, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* ---- schema migrations (db_migrate.c: outboxctl migrate) ---- */
+
+/* One migration: schemas/postgres/NNN_name.sql, built in. */
+struct db_migration {
+        int version;      /* NNN */
+        const char *name; /* "NNN_name" */
+        const char *sql;  /* the file's text */
+};
+
+/* Connects db for migrating (no table needed, nothing prepared) and sets
+ * search_path to the one schema the migrations apply in: the schema
+ * OUTBOX_TABLE names (it must exist), else the schema of the table
+ * search_path finds, else the first schema of search_path that exists.
+ * Copies its name into schema. 0, or -1 with errstr set (no password in
+ * it). */
+int db_migrate_connect(struct db *db, char *schema, size_t schema_size, char *errstr,
+                       size_t errstr_size) __attribute__((warn_unused_result));
+
+/* Takes the session advisory lock of outboxctl migrate, waiting at most
+ * wait_s seconds for another session that holds it. */
+int db_migrate_lock(struct db *db, int wait_s, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* The highest migration recorded in the schema (0: none), whether the
+ * record table exists, whether the outbox table (outbox_event) does. */
+int db_migrate_level(struct db *db, int *level, int *recorded, int *table_exists, char *errstr,
+                     size_t errstr_size) __attribute__((warn_unused_result));
+
+/* *yes: whether migration `version` is recorded as applied. */
+int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size_t errstr_size)
+        __attribute__((warn_unused_result));
+
+/* Applies m and records it, in one transaction (creating the record table
+ * first if it is missing). 0, or -1 with errstr set and nothing changed. */
+int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
 #endif

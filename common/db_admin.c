@@ -4,8 +4,7 @@
  * Prepared on admin connections only (db_set_admin()): those that need no
  * temp table at connect, replay's and reconcile's once their temp tables
  * exist. Every statement that changes rows is one statement (its own
- * transaction) except a replay step, which holds the table lock around
- * one. */
+ * transaction). Timestamps come out as RFC 3339 in UTC (RFC3339 below). */
 #include "db.h"
 
 #include <stdio.h>
@@ -17,9 +16,29 @@
 
 /* ---- statements prepared at connect ---- */
 
-enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP, A_COUNT };
+enum {
+        A_STATS_COUNTS,
+        A_STATS_OLDEST,
+        A_DEAD,
+        A_DEAD_JSON,
+        A_GAPS,
+        A_GAPS_JSON,
+        A_REQUEUE,
+        A_REQUEUE_PLAN,
+        A_REQUEUE_PLAN_ROWS,
+        A_REQUEUE_PLAN_FREED,
+        A_RELEASE_GAP,
+        A_COUNT
+};
 
 #define STATUSES "ARRAY['PENDING','PUBLISHING','PUBLISHED','FAILED','DEAD']"
+
+/* A timestamptz as RFC 3339 in UTC with microseconds
+ * (2024-05-01T10:00:00.123456Z); NULL for NULL and the infinities. */
+#define RFC3339(ts)       "to_char(" ts " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+#define CREATED_AT        RFC3339("created_at")
+#define UPDATED_AT        RFC3339("updated_at")
+#define OLDEST_CREATED_AT RFC3339("min(created_at)")
 
 /* The DEAD rows a requeue moves ($1 one id; $2-$4 one aggregate; $5 all, $6
  * with this code), over unqualified columns. */
@@ -28,6 +47,26 @@ enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP,
         " OR ($4::text IS NOT NULL AND tenant_id = $2 AND aggregate_type = $3"                     \
         "  AND aggregate_id = $4)"                                                                 \
         " OR ($5::boolean AND ($6::text IS NULL OR last_error_code = $6)))"
+#define REQUEUE_DEAD "published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
+
+/* After `moved` (the requeued rows, or those a requeue would move), `free`:
+ * the aggregates whose parked versions are due again, those with no DEAD
+ * version left. `still` sees the statement's snapshot (moved rows still
+ * DEAD), so it keeps the DEAD rows the filter does not match. */
+#define REQUEUE_FREE                                                                               \
+        " aggs AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM moved),"           \
+        " still AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"                       \
+        "  FROM %1$s d JOIN aggs a USING (tenant_id, aggregate_type, aggregate_id)"                \
+        "  WHERE d.published_at IS NULL AND d.status = 'DEAD'"                                     \
+        "  AND " REQUEUE_MATCH " IS NOT TRUE),"                                                    \
+        " free AS (SELECT * FROM aggs EXCEPT SELECT * FROM still)"
+/* Row o is a version the sweeper parked behind a DEAD one, of an aggregate
+ * in `free` (as f). */
+#define PARKED_FREED                                                                               \
+        " o.tenant_id = f.tenant_id AND o.aggregate_type = f.aggregate_type"                       \
+        " AND o.aggregate_id = f.aggregate_id AND o.published_at IS NULL"                          \
+        " AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')"                   \
+        " AND o.last_error_code = 'BLOCKED'"
 
 /* The previous version of head `h`'s aggregate in the table, of any status. */
 #define HEAD_PREV                                                                                  \
@@ -35,6 +74,19 @@ enum { A_STATS_COUNTS, A_STATS_OLDEST, A_DEAD, A_GAPS, A_REQUEUE, A_RELEASE_GAP,
         " AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"             \
         " AND p.aggregate_version < h.aggregate_version"                                           \
         " ORDER BY p.aggregate_version DESC LIMIT 1)"
+
+/* Version gaps, oldest first, at most $1: heads (lowest unpublished version
+ * of their aggregate) whose previous version in the table is not the one just
+ * below. The held version waits for prev + 1 .. aggregate_version - 1. */
+#define GAPS(columns)                                                                              \
+        "SELECT " columns " FROM (SELECT DISTINCT ON (h.tenant_id, h.aggregate_type,"              \
+        "  h.aggregate_id) h.*, " HEAD_PREV " AS prev FROM %1$s h"                                 \
+        "  WHERE h.published_at IS NULL AND h.status IN ('PENDING', 'FAILED')"                     \
+        "  AND NOT EXISTS (SELECT 1 FROM %1$s p WHERE p.tenant_id = h.tenant_id"                   \
+        "   AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"           \
+        "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version)"             \
+        "  ORDER BY h.tenant_id, h.aggregate_type, h.aggregate_id, h.aggregate_version) x"         \
+        " WHERE prev < aggregate_version - 1 ORDER BY created_at LIMIT $1"
 
 const struct db_stmt db_admin_stmts[A_COUNT] = {
         /* Every status, exact: an operator's question, not a sample. */
@@ -44,59 +96,72 @@ const struct db_stmt db_admin_stmts[A_COUNT] = {
                             " LEFT JOIN %1$s o ON o.status = s.status GROUP BY s.status"
                             " ORDER BY array_position(" STATUSES ", s.status)"},
         [A_STATS_OLDEST] = {"admin_oldest", "stats", 0,
-                            "SELECT coalesce(round(extract(epoch FROM now() - min(created_at)))"
-                            "::text, '-') AS oldest_due_age_s FROM %1$s"
+                            "SELECT round(extract(epoch FROM now() - min(created_at)))::bigint"
+                            " AS oldest_due_age_s, " OLDEST_CREATED_AT " AS oldest_due_created_at"
+                            " FROM %1$s"
                             " WHERE published_at IS NULL AND status IN ('PENDING','FAILED')"},
         [A_DEAD] = {"admin_dead", "dead", 1,
                     "SELECT outbox_id, tenant_id, aggregate_type || '/' || aggregate_id AS"
                     " aggregate, aggregate_version AS version, attempt_count AS attempts,"
                     " last_error_code AS code, left(last_error_message, 80) AS message,"
-                    " updated_at FROM %1$s WHERE published_at IS NULL AND status = 'DEAD'"
+                    " " UPDATED_AT " AS updated_at FROM %1$s"
+                    " WHERE published_at IS NULL AND status = 'DEAD'"
                     " ORDER BY tenant_id, aggregate_type, aggregate_id, aggregate_version"
                     " LIMIT $1"},
-        /* Heads (lowest unpublished version of their aggregate) whose previous
-         * version in the table is not the one just below. */
+        [A_DEAD_JSON] = {"admin_dead_json", "dead", 1,
+                         "SELECT outbox_id, tenant_id, aggregate_type, aggregate_id,"
+                         " aggregate_version, event_type, attempt_count, last_error_code,"
+                         " last_error_message, " CREATED_AT " AS created_at,"
+                         " " UPDATED_AT " AS updated_at FROM %1$s"
+                         " WHERE published_at IS NULL AND status = 'DEAD'"
+                         " ORDER BY tenant_id, aggregate_type, aggregate_id, aggregate_version"
+                         " LIMIT $1"},
         [A_GAPS] = {"admin_gaps", "gaps", 1,
-                    "SELECT tenant_id, aggregate_type || '/' || aggregate_id AS aggregate,"
-                    " aggregate_version AS held_version,"
-                    " (prev + 1)::text || '-' || (aggregate_version - 1)::text AS missing,"
-                    " date_trunc('second', now() - created_at) AS held_for"
-                    " FROM (SELECT DISTINCT ON (h.tenant_id, h.aggregate_type, h.aggregate_id)"
-                    "  h.*, " HEAD_PREV " AS prev FROM %1$s h"
-                    "  WHERE h.published_at IS NULL AND h.status IN ('PENDING', 'FAILED')"
-                    "  AND NOT EXISTS (SELECT 1 FROM %1$s p WHERE p.tenant_id = h.tenant_id"
-                    "   AND p.aggregate_type = h.aggregate_type"
-                    "   AND p.aggregate_id = h.aggregate_id"
-                    "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version)"
-                    "  ORDER BY h.tenant_id, h.aggregate_type, h.aggregate_id,"
-                    "   h.aggregate_version) x"
-                    " WHERE prev < aggregate_version - 1 ORDER BY created_at LIMIT $1"},
+                    GAPS("tenant_id, aggregate_type || '/' || aggregate_id AS aggregate,"
+                         " aggregate_version AS held_version, CASE"
+                         "  WHEN prev + 1 = aggregate_version - 1 THEN (prev + 1)::text"
+                         "  ELSE (prev + 1)::text || '-' || (aggregate_version - 1)::text END"
+                         " AS missing, date_trunc('second', now() - created_at) AS held_for")},
+        [A_GAPS_JSON] = {"admin_gaps_json", "gaps", 1,
+                         GAPS("tenant_id, aggregate_type, aggregate_id, aggregate_version AS"
+                              " held_version, prev + 1 AS missing_from, aggregate_version - 1"
+                              " AS missing_to, " CREATED_AT " AS held_since,"
+                              " floor(extract(epoch FROM now() - created_at))::bigint"
+                              " AS held_for_s")},
         /* DEAD rows only, so a row a relay holds is never touched. The
          * versions the sweeper parked behind them (BLOCKED) are due again at
-         * once where their aggregate has no other DEAD version: `still` sees
-         * the statement's snapshot (the moved rows still DEAD), so it keeps
-         * the DEAD rows the filter does not match. */
-        [A_REQUEUE] = {"admin_requeue", "requeue", 6,
-                       "WITH moved AS (UPDATE %1$s SET status = 'PENDING', attempt_count = 0,"
-                       "  available_at = now(), locked_by = NULL, locked_at = NULL,"
-                       "  updated_at = clock_timestamp()"
-                       "  WHERE published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
-                       "  RETURNING outbox_id, tenant_id, aggregate_type, aggregate_id),"
-                       " aggs AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"
-                       "  FROM moved),"
-                       " still AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"
-                       "  FROM %1$s d JOIN aggs a USING (tenant_id, aggregate_type, aggregate_id)"
-                       "  WHERE d.published_at IS NULL AND d.status = 'DEAD'"
-                       "  AND " REQUEUE_MATCH " IS NOT TRUE),"
-                       " freed AS (UPDATE %1$s o SET available_at = now(),"
-                       "  last_error_code = NULL, last_error_message = NULL,"
-                       "  updated_at = clock_timestamp()"
-                       "  FROM (SELECT * FROM aggs EXCEPT SELECT * FROM still) f"
-                       "  WHERE o.tenant_id = f.tenant_id AND o.aggregate_type = f.aggregate_type"
-                       "  AND o.aggregate_id = f.aggregate_id AND o.published_at IS NULL"
-                       "  AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')"
-                       "  AND o.last_error_code = 'BLOCKED' RETURNING 1)"
-                       " SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM freed)"},
+         * once where their aggregate has no other DEAD version. */
+        [A_REQUEUE] =
+                {"admin_requeue", "requeue", 6,
+                 "WITH moved AS (UPDATE %1$s SET status = 'PENDING', attempt_count = 0,"
+                 "  available_at = now(), locked_by = NULL, locked_at = NULL,"
+                 "  updated_at = clock_timestamp() WHERE " REQUEUE_DEAD
+                 "  RETURNING outbox_id, tenant_id, aggregate_type, aggregate_id)," REQUEUE_FREE
+                 ", freed AS (UPDATE %1$s o SET available_at = now(),"
+                 "  last_error_code = NULL, last_error_message = NULL,"
+                 "  updated_at = clock_timestamp() FROM free f WHERE" PARKED_FREED "  RETURNING 1)"
+                 " SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM freed)"},
+        /* What A_REQUEUE would do, changing nothing: its two counts; the
+         * rows (at most $7); the parked versions, by aggregate (at most $7). */
+        [A_REQUEUE_PLAN] = {"admin_requeue_plan", "requeue", 6,
+                            "WITH moved AS (SELECT * FROM %1$s WHERE " REQUEUE_DEAD
+                            ")," REQUEUE_FREE " SELECT (SELECT count(*) FROM moved),"
+                            " (SELECT count(*) FROM %1$s o JOIN free f ON" PARKED_FREED ")"},
+        [A_REQUEUE_PLAN_ROWS] = {"admin_requeue_plan_rows", "requeue", 7,
+                                 "SELECT outbox_id, tenant_id, aggregate_type, aggregate_id,"
+                                 " aggregate_version, attempt_count, last_error_code,"
+                                 " last_error_message, " UPDATED_AT " AS updated_at"
+                                 " FROM %1$s WHERE " REQUEUE_DEAD
+                                 " ORDER BY tenant_id, aggregate_type, aggregate_id,"
+                                 " aggregate_version LIMIT $7"},
+        [A_REQUEUE_PLAN_FREED] = {"admin_requeue_plan_freed", "requeue", 7,
+                                  "WITH moved AS (SELECT * FROM %1$s WHERE " REQUEUE_DEAD
+                                  ")," REQUEUE_FREE
+                                  " SELECT o.tenant_id, o.aggregate_type, o.aggregate_id,"
+                                  " count(*) AS parked, min(o.aggregate_version) AS"
+                                  " from_version, max(o.aggregate_version) AS to_version"
+                                  " FROM %1$s o JOIN free f ON" PARKED_FREED
+                                  " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3 LIMIT $7"},
         /* The held version is the aggregate's lowest unpublished one; the
          * missing versions are recorded by one PUBLISHED row at the version
          * just below it, which the guard then takes as the predecessor.
@@ -125,44 +190,60 @@ const size_t db_admin_stmt_count = A_COUNT;
 #define TEMP_REPLAY    1
 #define TEMP_RECONCILE 2
 
-/* One row per aggregate a replay touches, numbered so the steps can take
- * them in ranges, with the version it replays from. */
+/* ctl_replay: one row per aggregate a replay touches, numbered so the steps
+ * can take them in ranges, with the version it replays from. ctl_held: the
+ * rows a step holds (docs/DESIGN.md, "Replaying"), with what an undo
+ * restores. */
 static const char replay_ddl[] =
         "CREATE TEMP TABLE ctl_replay (n bigint PRIMARY KEY, tenant_id text NOT NULL,"
-        " aggregate_type text NOT NULL, aggregate_id text NOT NULL, lo bigint NOT NULL)";
+        " aggregate_type text NOT NULL, aggregate_id text NOT NULL, lo bigint NOT NULL);"
+        "CREATE TEMP TABLE ctl_held (outbox_id uuid PRIMARY KEY, n bigint NOT NULL,"
+        " published_at timestamptz, available_at timestamptz, attempt_count int,"
+        " last_error_code text, last_error_message text)";
 
-enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_RUN, R_COUNT };
+enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_HOLD, R_RELEASE, R_UNDO, R_COUNT };
 
-/* The rows of aggregates $1..$2 from their start version up, every status,
- * each classed:
+/* `rng`: the rows of the aggregates of ctl_replay that `which` selects (as
+ * r), from their start version up, every status, read on the unique key
+ * (aggregate, version); `lock` is "" or " FOR UPDATE". Rows another
+ * transaction holds are waited for (the session's lock_timeout), and
+ * FOR UPDATE then returns their newest version. */
+#define REPLAY_RANGE(which, lock)                                                                  \
+        " rng AS MATERIALIZED (SELECT r.n, o.outbox_id, o.tenant_id, o.aggregate_type,"            \
+        "  o.aggregate_id, o.aggregate_version, o.status, o.last_error_code,"                      \
+        "  o.last_error_message, o.published_at, o.available_at, o.attempt_count,"                 \
+        "  %2$s AS topic FROM pg_temp.ctl_replay r CROSS JOIN LATERAL (SELECT o.* FROM %1$s o"     \
+        "   WHERE o.tenant_id = r.tenant_id AND o.aggregate_type = r.aggregate_type"               \
+        "   AND o.aggregate_id = r.aggregate_id AND o.aggregate_version >= r.lo" lock ") o"        \
+        "  WHERE " which "),"
+
+/* Each row of `rng` classed (`held`: "" or HELD_CLASS; `busy`: the rows
+ * that make their aggregate busy):
+ *   held:          a row this replay's first step holds (its second step
+ *                  makes it due);
  *   released:      a GAP_RELEASED record, never sent, never replayed;
  *   unpublished:   not PUBLISHED, left as it is (it goes after the replayed
  *                  versions, by the guard);
  *   busy:          PUBLISHED, but a version of its aggregate is PUBLISHING
- *                  now: once that one is marked, the replayed versions below
- *                  it would be late (LATE_VERSION), so none move;
+ *                  now (held by a relay, or by another replay): once that
+ *                  one is marked, the replayed versions below it would be
+ *                  late (LATE_VERSION), so none move;
  *   below_release: PUBLISHED below a released gap: replayed, it would be late
  *                  behind the release record (published), so it stays;
  *   move:          PUBLISHED -> PENDING.
  * A replay runs to each aggregate's latest version, so no later version stays
- * published ahead of the replayed ones (which would make them late too). The
- * range is read on the unique key (aggregate, version). */
-#define REPLAY_CLASSES                                                                             \
-        "WITH rng AS MATERIALIZED (SELECT r.n, o.outbox_id, o.tenant_id, o.aggregate_type,"        \
-        "  o.aggregate_id, o.aggregate_version, o.status, o.last_error_code, o.published_at,"      \
-        "  %2$s AS topic FROM pg_temp.ctl_replay r CROSS JOIN LATERAL (SELECT o.* FROM %1$s o"     \
-        "   WHERE o.tenant_id = r.tenant_id AND o.aggregate_type = r.aggregate_type"               \
-        "   AND o.aggregate_id = r.aggregate_id AND o.aggregate_version >= r.lo) o"                \
-        "  WHERE r.n BETWEEN $1 AND $2),"                                                          \
-        " agg AS (SELECT n, bool_or(status = 'PUBLISHING') AS busy,"                               \
+ * published ahead of the replayed ones (which would make them late too). */
+#define REPLAY_CLASSES(held, busy)                                                                 \
+        " agg AS (SELECT n, bool_or(" busy ") AS busy,"                                            \
         "  max(aggregate_version) FILTER (WHERE status = 'PUBLISHED'"                              \
         "   AND last_error_code = 'GAP_RELEASED') AS released FROM rng GROUP BY n),"               \
-        " cls AS (SELECT g.*, CASE"                                                                \
+        " cls AS (SELECT g.*, a.busy, CASE" held                                                   \
         "  WHEN g.status = 'PUBLISHED' AND g.last_error_code = 'GAP_RELEASED' THEN 'released'"     \
         "  WHEN g.status <> 'PUBLISHED' THEN 'unpublished'"                                        \
         "  WHEN a.busy THEN 'busy'"                                                                \
         "  WHEN g.aggregate_version < a.released THEN 'below_release'"                             \
         "  ELSE 'move' END AS what FROM rng g JOIN agg a USING (n))"
+#define HELD_CLASS " WHEN g.outbox_id IN (SELECT outbox_id FROM pg_temp.ctl_held) THEN 'held'"
 
 /* The counts of struct db_replay_counts after `moved` and `moved_aggs`. */
 #define REPLAY_COUNTS(moved, moved_aggs)                                                           \
@@ -176,6 +257,82 @@ enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_RUN, R_COUNT };
         " count(*) FILTER (WHERE status = 'DEAD'),"                                                \
         " count(*) FILTER (WHERE status = 'PUBLISHING') FROM cls"
 #define REPLAY_NCOUNTS 11
+
+/* The lock holder a replay's held rows name (locked_by). */
+#define REPLAY_HOLDER "'outboxctl replay'"
+
+/* The moves of a replay's steps, by primary key (an array, not a join a
+ * misestimate could turn into a table scan), each `rows` of cls:
+ *   held:    PUBLISHED -> PUBLISHING, held by REPLAY_HOLDER (no relay locks
+ *            it; to the guard it is unpublished), attempts reset,
+ *            published_at NULL as the table's CHECK wants for a row not
+ *            PUBLISHED, due now (a real time, as the CHECK wants for
+ *            PUBLISHING);
+ *   due:     held -> PENDING: only columns no index holds change (a HOT
+ *            update, as the relay's lock);
+ *   late:    PUBLISHED -> PENDING, due now, attempts reset;
+ *   touched: a new row version, nothing changed (a lock statement older than
+ *            it passes the row by). */
+#define REPLAY_HOLD_ROWS(rows)                                                                     \
+        " held AS (UPDATE %1$s o SET status = 'PUBLISHING', published_at = NULL,"                  \
+        "  available_at = now(), attempt_count = 0, locked_by = " REPLAY_HOLDER ","                \
+        "  locked_at = now(), updated_at = clock_timestamp() WHERE o.outbox_id = ANY (ARRAY("      \
+        "  SELECT outbox_id FROM cls WHERE " rows ")) AND o.status = 'PUBLISHED'"                  \
+        "  RETURNING o.outbox_id),"
+#define REPLAY_DUE_ROWS(rows)                                                                      \
+        " due AS (UPDATE %1$s o SET status = 'PENDING', locked_by = NULL, locked_at = NULL,"       \
+        "  updated_at = clock_timestamp() WHERE o.outbox_id = ANY (ARRAY(SELECT outbox_id"         \
+        "  FROM cls WHERE " rows ")) AND o.status = 'PUBLISHING'"                                  \
+        "  AND o.locked_by = " REPLAY_HOLDER " RETURNING 1),"
+#define REPLAY_LATE_ROWS(rows)                                                                     \
+        " late AS (UPDATE %1$s o SET status = 'PENDING', published_at = NULL,"                     \
+        "  available_at = now(), attempt_count = 0, locked_by = NULL, locked_at = NULL,"           \
+        "  updated_at = clock_timestamp() WHERE o.outbox_id = ANY (ARRAY(SELECT outbox_id"         \
+        "  FROM cls WHERE " rows ")) AND o.status = 'PUBLISHED' RETURNING 1),"
+#define REPLAY_TOUCH(rows)                                                                         \
+        " touched AS (UPDATE %1$s o SET updated_at = o.updated_at"                                 \
+        "  WHERE o.outbox_id = ANY (ARRAY(SELECT outbox_id FROM cls WHERE what = 'unpublished'"    \
+        "  AND status IN ('PENDING', 'FAILED') AND " rows ")) RETURNING 1),"
+
+/* The pieces of the step statements below. */
+#define RANGE_STEP        REPLAY_RANGE("r.n BETWEEN $1 AND $2", "")
+#define RANGE_STEP_LOCKED REPLAY_RANGE("r.n BETWEEN $1 AND $2", " FOR UPDATE")
+#define RANGE_HELD_LOCKED REPLAY_RANGE("r.n IN (SELECT n FROM hn)", " FOR UPDATE")
+#define CLASSES           REPLAY_CLASSES("", "status = 'PUBLISHING'")
+/* Our held rows are PUBLISHING too, but they do not make their aggregate
+ * busy. */
+#define CLASSES_HELD                                                                               \
+        REPLAY_CLASSES(HELD_CLASS, "status = 'PUBLISHING' AND outbox_id NOT IN"                    \
+                                   " (SELECT outbox_id FROM pg_temp.ctl_held)")
+#define HOLD_MOVED     REPLAY_HOLD_ROWS("what = 'move'")
+#define TOUCH_MOVED    REPLAY_TOUCH("n IN (SELECT n FROM cls WHERE what = 'move')")
+#define DUE_HELD       REPLAY_DUE_ROWS("what = 'held' AND NOT busy")
+#define LATE_MOVED     REPLAY_LATE_ROWS("what = 'move'")
+#define TOUCH_NOT_BUSY REPLAY_TOUCH("NOT busy")
+#define HELD_AGGREGATES                                                                            \
+        " hn AS MATERIALIZED (SELECT DISTINCT n FROM pg_temp.ctl_held"                             \
+        "  WHERE n BETWEEN $1 AND $2),"
+#define SAVE_HELD                                                                                  \
+        " saved AS (INSERT INTO pg_temp.ctl_held SELECT c.outbox_id, c.n, c.published_at,"         \
+        "  c.available_at, c.attempt_count, c.last_error_code, c.last_error_message"               \
+        "  FROM cls c JOIN held h USING (outbox_id) RETURNING n) "
+#define FORGET_RELEASED                                                                            \
+        " done AS (DELETE FROM pg_temp.ctl_held h"                                                 \
+        "  WHERE h.n IN (SELECT n FROM agg WHERE NOT busy) RETURNING 1)"
+#define PLAN_COUNTS                                                                                \
+        REPLAY_COUNTS("count(*) FILTER (WHERE what = 'move')",                                     \
+                      "count(DISTINCT n) FILTER (WHERE what = 'move')")
+#define HOLD_COUNTS                                                                                \
+        REPLAY_COUNTS("(SELECT count(*) FROM saved)", "(SELECT count(DISTINCT n) FROM saved)")
+#define EXAMPLES_PUBLISHED_AT RFC3339("published_at")
+#define EXAMPLES                                                                                   \
+        " SELECT outbox_id, tenant_id, aggregate_type || '/' || aggregate_id AS aggregate,"        \
+        " aggregate_version AS version, topic, " EXAMPLES_PUBLISHED_AT " AS published_at"          \
+        " FROM cls WHERE what = 'move' ORDER BY n, aggregate_version LIMIT $3"
+#define RELEASE_COUNTS                                                                             \
+        " SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM late),"                         \
+        " (SELECT count(DISTINCT n) FROM cls WHERE what = 'move'),"                                \
+        " (SELECT count(*) FROM agg WHERE busy)"
 
 static const struct db_stmt replay_stmts[R_COUNT] = {
         /* One aggregate: its rows from $4 up (all when NULL), any status. */
@@ -202,28 +359,37 @@ static const struct db_stmt replay_stmts[R_COUNT] = {
                              "  FROM sel GROUP BY tenant_id, aggregate_type, aggregate_id"
                              "  RETURNING 1)"
                              " SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM sel)"},
-        [R_PLAN] = {"replay_plan", "replay: plan", 2,
-                    REPLAY_CLASSES " " REPLAY_COUNTS("count(*) FILTER (WHERE what = 'move')",
-                                                     "count(DISTINCT n) FILTER (WHERE what = "
-                                                     "'move')")},
-        [R_EXAMPLES] = {"replay_examples", "replay: plan", 3,
-                        REPLAY_CLASSES
-                        " SELECT outbox_id, tenant_id, aggregate_type || '/' || aggregate_id"
-                        " AS aggregate, aggregate_version AS version, topic, published_at"
-                        " FROM cls WHERE what = 'move' ORDER BY n, aggregate_version LIMIT $3"},
-        /* PUBLISHED -> PENDING, due now, attempts reset; published_at NULL as
-         * the table's CHECK wants for a row not PUBLISHED. By primary key (an
-         * array, not a join a misestimate could turn into a table scan). */
-        [R_RUN] = {"replay_run", "replay", 2,
-                   REPLAY_CLASSES
-                   ", moved AS (UPDATE %1$s o SET status = 'PENDING', published_at = NULL,"
-                   "  available_at = now(), attempt_count = 0, locked_by = NULL,"
-                   "  locked_at = NULL, updated_at = clock_timestamp()"
-                   "  WHERE o.outbox_id = ANY (ARRAY(SELECT outbox_id FROM cls"
-                   "   WHERE what = 'move')) AND o.status = 'PUBLISHED'"
-                   "  RETURNING o.tenant_id, o.aggregate_type, o.aggregate_id) " REPLAY_COUNTS(
-                           "(SELECT count(*) FROM moved)",
-                           "(SELECT count(*) FROM (SELECT DISTINCT * FROM moved) d)")},
+        [R_PLAN] = {"replay_plan", "replay: plan", 2, "WITH" RANGE_STEP CLASSES " " PLAN_COUNTS},
+        [R_EXAMPLES] = {"replay_examples", "replay: plan", 3, "WITH" RANGE_STEP CLASSES EXAMPLES},
+        /* A step's first half, for aggregates $1..$2: every row from the
+         * start version up locked, the PUBLISHED ones held, the unpublished
+         * ones touched; ctl_held keeps what the held rows were. */
+        [R_HOLD] = {"replay_hold", "replay", 2,
+                    "WITH" RANGE_STEP_LOCKED CLASSES
+                    "," HOLD_MOVED TOUCH_MOVED SAVE_HELD HOLD_COUNTS},
+        /* The second half, for the aggregates of $1..$2 with held rows:
+         * every row from the start version up locked again; where none is
+         * PUBLISHING but the held ones, the held rows become PENDING, rows
+         * published since the first half are replayed with them, the
+         * unpublished ones touched. Counts: rows made due, rows published
+         * since and replayed, their aggregates, aggregates still busy (their
+         * rows stay held). */
+        [R_RELEASE] = {"replay_release", "replay", 2,
+                       "WITH" HELD_AGGREGATES RANGE_HELD_LOCKED CLASSES_HELD
+                       "," DUE_HELD LATE_MOVED TOUCH_NOT_BUSY FORGET_RELEASED RELEASE_COUNTS},
+        /* Gives the held rows of $1..$2 back as they were: PUBLISHED, with
+         * their published_at, due time, attempts and error columns. */
+        [R_UNDO] = {"replay_undo", "replay: undo", 2,
+                    "WITH und AS (UPDATE %1$s o SET status = 'PUBLISHED',"
+                    "  published_at = h.published_at, available_at = h.available_at,"
+                    "  attempt_count = h.attempt_count, last_error_code = h.last_error_code,"
+                    "  last_error_message = h.last_error_message, locked_by = NULL,"
+                    "  locked_at = NULL, updated_at = clock_timestamp()"
+                    "  FROM pg_temp.ctl_held h WHERE o.outbox_id = h.outbox_id"
+                    "  AND h.n BETWEEN $1 AND $2 AND o.status = 'PUBLISHING'"
+                    "  AND o.locked_by = " REPLAY_HOLDER " RETURNING h.n),"
+                    " gone AS (DELETE FROM pg_temp.ctl_held WHERE n BETWEEN $1 AND $2)"
+                    " SELECT count(*), count(DISTINCT n) FROM und"},
 };
 
 /* ---- reconcile: the window's rows and Kafka's messages, compared ---- */
@@ -260,7 +426,8 @@ enum { C_ROWS, C_TOPICS, C_COUNTS, C_MISSING, C_REORDERS, C_DUPLICATES, C_UNKNOW
         "  f.aggregate_type, f.aggregate_id ORDER BY f.off"                                        \
         "  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS above FROM firsts f)"
 
-#define RC_NO_MESSAGE "NOT EXISTS (SELECT 1 FROM pg_temp.ctl_msgs m WHERE m.event_id = r.outbox_id)"
+#define MISSING_PUBLISHED_AT RFC3339("r.published_at")
+#define RC_NO_MESSAGE        "NOT EXISTS (SELECT 1 FROM pg_temp.ctl_msgs m WHERE m.event_id = r.outbox_id)"
 #define RC_NOT_IN_TABLE                                                                            \
         "(m.event_id IS NULL OR NOT EXISTS (SELECT 1 FROM %1$s o WHERE o.outbox_id = m.event_id))"
 #define RC_DUPS                                                                                    \
@@ -293,8 +460,8 @@ static const struct db_stmt reconcile_stmts[C_COUNT] = {
         [C_MISSING] = {"reconcile_missing", "reconcile: missing", 1,
                        "SELECT r.outbox_id, r.tenant_id, r.aggregate_type || '/' ||"
                        " r.aggregate_id AS aggregate, r.aggregate_version AS version, r.topic,"
-                       " r.published_at FROM pg_temp.ctl_rows r WHERE " RC_NO_MESSAGE
-                       " ORDER BY r.published_at, r.outbox_id LIMIT $1"},
+                       " " MISSING_PUBLISHED_AT " AS published_at FROM pg_temp.ctl_rows r"
+                       " WHERE " RC_NO_MESSAGE " ORDER BY r.published_at, r.outbox_id LIMIT $1"},
         [C_REORDERS] = {"reconcile_reorders", "reconcile: reorders", 1,
                         RC_FIRSTS " SELECT topic, part AS partition, off AS \"offset\", tenant_id,"
                                   " aggregate_type || '/' || aggregate_id AS aggregate,"
@@ -405,6 +572,16 @@ void db_rows_free(struct db_rows *r) {
         free(r);
 }
 
+void db_rows_truncate(struct db_rows *r, int n) {
+        if (!r || n < 0 || n >= r->nrows)
+                return;
+        for (long i = (long)n * r->ncols; i < (long)r->nrows * r->ncols; i++) {
+                free(r->cells[i]);
+                r->cells[i] = NULL;
+        }
+        r->nrows = n;
+}
+
 /* Copies a result out of libpq; NULL on allocation failure. */
 static struct db_rows *rows_of(const PGresult *res) {
         struct db_rows *r = calloc(1, sizeof *r);
@@ -509,25 +686,59 @@ static int limited_rows(struct db *db, const struct db_stmt *s, long long limit,
         return query_rows(db, s, params, out, errstr, size);
 }
 
-int db_admin_dead(struct db *db, long long limit, struct db_rows **out, char *errstr,
+int db_admin_dead(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) {
-        return limited_rows(db, &db_admin_stmts[A_DEAD], limit, out, errstr, errstr_size);
+        return limited_rows(db, &db_admin_stmts[json ? A_DEAD_JSON : A_DEAD], limit, out, errstr,
+                            errstr_size);
 }
 
-int db_admin_gaps(struct db *db, long long limit, struct db_rows **out, char *errstr,
+int db_admin_gaps(struct db *db, long long limit, int json, struct db_rows **out, char *errstr,
                   size_t errstr_size) {
-        return limited_rows(db, &db_admin_stmts[A_GAPS], limit, out, errstr, errstr_size);
+        return limited_rows(db, &db_admin_stmts[json ? A_GAPS_JSON : A_GAPS], limit, out, errstr,
+                            errstr_size);
+}
+
+/* The requeue statements' parameters $1..$6 (and $7, the limit, when lim). */
+static void requeue_params(const struct db_requeue *q, const char *lim, const char *params[7]) {
+        params[0] = q->outbox_id;
+        params[1] = q->aggregate_id ? q->tenant_id : NULL;
+        params[2] = q->aggregate_type;
+        params[3] = q->aggregate_id;
+        params[4] = q->all_dead ? "true" : "false";
+        params[5] = q->code;
+        params[6] = lim;
 }
 
 int db_admin_requeue(struct db *db, const struct db_requeue *q, long long *moved, long long *freed,
                      char *errstr, size_t errstr_size) {
-        const char *params[6] = {
-                q->outbox_id,    q->aggregate_id ? q->tenant_id : NULL, q->aggregate_type,
-                q->aggregate_id, q->all_dead ? "true" : "false",        q->code};
+        const char *params[7];
         long long c[2] = {0, 0};
+        requeue_params(q, NULL, params);
         int rc = query_counts(db, &db_admin_stmts[A_REQUEUE], params, c, 2, errstr, errstr_size);
         *moved = c[0];
         *freed = c[1];
+        return rc;
+}
+
+int db_admin_requeue_plan(struct db *db, const struct db_requeue *q, long long limit,
+                          long long *moved, long long *freed, struct db_rows **rows,
+                          struct db_rows **freed_aggs, char *errstr, size_t errstr_size) {
+        const char *params[7];
+        char lim[24];
+        long long c[2] = {0, 0};
+        *rows = *freed_aggs = NULL;
+        snprintf(lim, sizeof lim, "%lld", limit);
+        requeue_params(q, lim, params);
+        int rc = query_counts(db, &db_admin_stmts[A_REQUEUE_PLAN], params, c, 2, errstr,
+                              errstr_size);
+        *moved = c[0];
+        *freed = c[1];
+        if (rc == 0)
+                rc = query_rows(db, &db_admin_stmts[A_REQUEUE_PLAN_ROWS], params, rows, errstr,
+                                errstr_size);
+        if (rc == 0)
+                rc = query_rows(db, &db_admin_stmts[A_REQUEUE_PLAN_FREED], params, freed_aggs,
+                                errstr, errstr_size);
         return rc;
 }
 
@@ -558,7 +769,8 @@ int db_replay_select(struct db *db, const struct db_replay_select *s, long long 
         *aggregates = *rows = 0;
         if (ensure_temp(db, TEMP_REPLAY, replay_ddl, replay_stmts, R_COUNT, errstr, errstr_size))
                 return -1;
-        if (db_exec_simple(db, "TRUNCATE pg_temp.ctl_replay", errstr, errstr_size))
+        if (db_exec_simple(db, "TRUNCATE pg_temp.ctl_replay, pg_temp.ctl_held", errstr,
+                           errstr_size))
                 return -1;
         if (s->aggregate_id) {
                 snprintf(from, sizeof from, "%lld", s->from_version);
@@ -617,61 +829,90 @@ int db_replay_plan(struct db *db, long long first, long long last, long long exa
         return query_rows(db, &replay_stmts[R_EXAMPLES], params, ex, errstr, errstr_size);
 }
 
-/* Runs a statement outside the tables; -1 with errstr and *sqlstate (5
- * characters, "" when unknown) unless it succeeded. */
-static int exec_state(struct db *db, const char *sql, char sqlstate[6], char *errstr, size_t size) {
-        PGresult *r = PQexec(db->conn, sql);
-        ExecStatusType st = PQresultStatus(r);
-        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-        snprintf(sqlstate, 6, "%s", state ? state : "");
+/* query_counts() that tells a lock not granted in time (lock_timeout, or a
+ * deadlock the server broke by cancelling this statement) apart: *busy is
+ * set and 0 returned. */
+static int query_counts_busy(struct db *db, const struct db_stmt *s, const char *const *params,
+                             long long *counts, int n, int *busy, char *errstr, size_t size) {
+        *busy = 0;
+        if (!db_connected(db))
+                return errstr_set(errstr, size, "not connected");
+        PGresult *r = PQexecPrepared(db->conn, s->name, s->nparams, params, NULL, NULL, 0);
         int rc = 0;
-        if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-                rc = errstr_set(errstr, size, "%s", PQerrorMessage(db->conn));
+        if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+                const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+                if (state && (!strcmp(state, "55P03") || !strcmp(state, "40P01"))) {
+                        *busy = 1;
+                } else {
+                        rc = errstr_set(errstr, size, "%s: %s", s->what, PQerrorMessage(db->conn));
+                        db_check_result(db, r);
+                }
+        } else if (PQntuples(r) != 1 || PQnfields(r) != n) {
+                rc = errstr_set(errstr, size, "%s: unexpected result", s->what);
+        } else {
+                for (int i = 0; i < n; i++)
+                        counts[i] = strtoll(PQgetvalue(r, 0, i), NULL, 10);
+        }
         PQclear(r);
         return rc;
 }
 
-int db_replay_run(struct db *db, long long first, long long last, int lock_timeout_ms,
-                  int *lock_timeout, struct db_replay_counts *c, char *errstr, size_t errstr_size) {
-        char a[24], b[24], sql[512], state[6];
+int db_replay_hold(struct db *db, long long first, long long last, int lock_timeout_ms, int *busy,
+                   struct db_replay_counts *c, char *errstr, size_t errstr_size) {
+        char a[24], b[24], sql[64];
         const char *params[2] = {a, b};
         long long v[REPLAY_NCOUNTS];
-        *lock_timeout = 0;
+        *busy = 0;
+        if (ensure_temp(db, TEMP_REPLAY, replay_ddl, replay_stmts, R_COUNT, errstr, errstr_size))
+                return -1;
+        snprintf(sql, sizeof sql, "SET lock_timeout = %d", lock_timeout_ms);
+        if (db_exec_simple(db, sql, errstr, errstr_size))
+                return -1;
+        snprintf(a, sizeof a, "%lld", first);
+        snprintf(b, sizeof b, "%lld", last);
+        if (query_counts_busy(db, &replay_stmts[R_HOLD], params, v, REPLAY_NCOUNTS, busy, errstr,
+                              errstr_size))
+                return -1;
+        if (!*busy)
+                add_counts(c, v);
+        return 0;
+}
+
+int db_replay_release(struct db *db, long long first, long long last, int *busy,
+                      struct db_replay_release *out, char *errstr, size_t errstr_size) {
+        char a[24], b[24];
+        const char *params[2] = {a, b};
+        long long v[4] = {0, 0, 0, 0};
+        memset(out, 0, sizeof *out);
         if (ensure_temp(db, TEMP_REPLAY, replay_ddl, replay_stmts, R_COUNT, errstr, errstr_size))
                 return -1;
         snprintf(a, sizeof a, "%lld", first);
         snprintf(b, sizeof b, "%lld", last);
-        if (db_exec_simple(db, "BEGIN", errstr, errstr_size))
-                goto fail;
-        snprintf(sql, sizeof sql, "SET LOCAL lock_timeout = %d", lock_timeout_ms);
-        if (db_exec_simple(db, sql, errstr, errstr_size))
-                goto fail;
-        /* SHARE ROW EXCLUSIVE: waits for the writers in progress (lock
-         * statements, marks, inserts) and keeps new ones out until COMMIT,
-         * so the classes below see every committed row and nothing publishes
-         * a later version meanwhile. Two replays exclude each other. */
-        snprintf(sql, sizeof sql, "LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE", db->qtable);
-        if (exec_state(db, sql, state, errstr, errstr_size) != 0) {
-                if (!strcmp(state, "55P03")) { /* lock_not_available */
-                        *lock_timeout = 1;
-                        if (db_exec_simple(db, "ROLLBACK", errstr, errstr_size))
-                                goto fail;
-                        return 0;
-                }
-                goto fail;
-        }
-        if (query_counts(db, &replay_stmts[R_RUN], params, v, REPLAY_NCOUNTS, errstr, errstr_size))
-                goto fail;
-        if (db_exec_simple(db, "COMMIT", errstr, errstr_size))
-                goto fail;
-        add_counts(c, v);
+        if (query_counts_busy(db, &replay_stmts[R_RELEASE], params, v, 4, busy, errstr,
+                              errstr_size))
+                return -1;
+        out->due = v[0];
+        out->late = v[1];
+        out->late_aggregates = v[2];
+        out->busy_aggregates = v[3];
         return 0;
-fail:
-        if (db_connected(db) && PQtransactionStatus(db->conn) != PQTRANS_IDLE) {
-                PGresult *r = PQexec(db->conn, "ROLLBACK");
-                PQclear(r);
-        }
-        return -1;
+}
+
+int db_replay_undo(struct db *db, long long first, long long last, long long *rows,
+                   long long *aggregates, char *errstr, size_t errstr_size) {
+        char a[24], b[24];
+        const char *params[2] = {a, b};
+        long long v[2] = {0, 0};
+        *rows = *aggregates = 0;
+        if (ensure_temp(db, TEMP_REPLAY, replay_ddl, replay_stmts, R_COUNT, errstr, errstr_size))
+                return -1;
+        snprintf(a, sizeof a, "%lld", first);
+        snprintf(b, sizeof b, "%lld", last);
+        if (query_counts(db, &replay_stmts[R_UNDO], params, v, 2, errstr, errstr_size))
+                return -1;
+        *rows = v[0];
+        *aggregates = v[1];
+        return 0;
 }
 
 int db_reconcile_rows(struct db *db, const char *since, const char *until,

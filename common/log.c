@@ -444,3 +444,25 @@ void log_write(enum log_level level, const char *mod, const char *msg, const cha
         fflush(stderr);
         pthread_mutex_unlock(&out_lock);
 }
+
+void log_plain(const char *text) {
+        static __thread char line[LOG_LINE_MAX];
+        const unsigned char *s = (const unsigned char *)text;
+        size_t n = strlen(text), o = 0;
+        for (size_t i = 0; i < n && o + 8 < sizeof line;) {
+                char esc[8];
+                size_t used, len = 1;
+                if (s[i] == '"' || s[i] == '\\')
+                        esc[0] = (char)s[i], used = 1;
+                else
+                        len = escape_char(s + i, n - i, esc, &used);
+                memcpy(line + o, esc, len);
+                o += len;
+                i += used;
+        }
+        line[o++] = '\n';
+        pthread_mutex_lock(&out_lock);
+        fwrite(line, 1, o, stderr);
+        fflush(stderr);
+        pthread_mutex_unlock(&out_lock);
+}

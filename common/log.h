@@ -41,6 +41,13 @@ void log_write(enum log_level level, const char *mod, const char *msg, const cha
 size_t log_format(char *line, size_t cap, int json, enum log_level level, const char *mod,
                   const char *msg, const char *fields, ...) __attribute__((format(printf, 7, 8)));
 
+/* Writes `text` and a newline as it is, not as a log line: for a command-line
+ * tool's usage errors, which a person reads. Control characters, line
+ * separators and invalid UTF-8 are escaped as in a log value (so the text is
+ * one line whatever it quotes); it is cut at LOG_LINE_MAX. Not gated by the
+ * level. */
+void log_plain(const char *text);
+
 #define log_debug(mod, msg, ...)                                                                   \
         do {                                                                                       \
                 if (log_enabled(LOG_DEBUG))                                                        \

@@ -1,7 +1,8 @@
 /* ctl.h - outboxctl's commands. Each takes the loaded configuration, the
- * parsed arguments and a connected admin database handle, writes its result
- * on stdout and its diagnostics as log lines, and returns the exit code: 0
- * ok, 1 a problem found or a runtime error. */
+ * parsed arguments and a connected admin database handle (migrate: an
+ * unconnected one), writes its result on stdout and its diagnostics as log
+ * lines, and returns the exit code: 0 ok, 1 a problem found or a runtime
+ * error, 2 bad configuration. */
 #ifndef OUTBOX_CTL_H
 #define OUTBOX_CTL_H
 
@@ -22,6 +23,7 @@ int ctl_gaps(struct ctl *c);
 int ctl_release_gap(struct ctl *c);
 int ctl_replay(struct ctl *c);
 int ctl_reconcile(struct ctl *c);
+int ctl_migrate(struct ctl *c);
 
 /* Milliseconds since the epoch, now. */
 long long ctl_now_ms(void);

@@ -18,23 +18,27 @@ static const struct {
         enum ctl_command cmd;
         const char *name, *synopsis, *text;
 } commands[] = {
-        {CTL_STATS, "stats", "stats", "rows by status, the age of the oldest due row"},
-        {CTL_DEAD, "dead", "dead [--limit N]",
+        {CTL_STATS, "stats", "stats [--json]", "rows by status, the age of the oldest due row"},
+        {CTL_DEAD, "dead", "dead [--limit N] [--json]",
          "DEAD rows: id, aggregate, version, code, message (at most N, default 100)"},
         {CTL_REQUEUE, "requeue",
-         "requeue --id UUID | --aggregate TYPE/ID [--tenant T] | --all-dead [--code CODE]",
+         "requeue (--id UUID | --aggregate TYPE/ID [--tenant T] | --all-dead [--code CODE])\n"
+         "           [--dry-run [--limit N]] [--json]",
          "DEAD -> PENDING (attempts 0, due now): one row, one aggregate's, or all\n"
          "    (with that last_error_code); the versions parked behind them are due again.\n"
-         "    Prints `requeued N row(s)[, M parked version(s) due again]`"},
-        {CTL_GAPS, "gaps", "gaps [--limit N]",
+         "    Prints `requeued N row(s)[, M parked version(s) due again]`. --dry-run lists\n"
+         "    the rows it would move (at most N, default 100) and the parked versions it\n"
+         "    would free, and changes nothing"},
+        {CTL_GAPS, "gaps", "gaps [--limit N] [--json]",
          "aggregates whose next version waits for versions not in the table (a gap)"},
-        {CTL_RELEASE_GAP, "release-gap", "release-gap --aggregate TYPE/ID [--tenant T]",
+        {CTL_RELEASE_GAP, "release-gap", "release-gap --aggregate TYPE/ID [--tenant T] [--json]",
          "lets the held version go without the missing ones, recording them as\n"
          "    released (a PUBLISHED row of event_type 'outbox.gap-released', last_error_code\n"
          "    GAP_RELEASED, never sent); exit 1 when no gap holds the aggregate"},
         {CTL_REPLAY, "replay",
          "replay (--aggregate TYPE/ID [--tenant T] [--from-version N] |\n"
-         "           --since T [--until T] [--topic TOPIC ...]) [--dry-run] [--examples N]",
+         "           --since T [--until T] [--topic TOPIC ...]) [--dry-run] [--examples N]\n"
+         "           [--json]",
          "PUBLISHED -> PENDING, so the relays publish the rows again, in version order:\n"
          "    one aggregate (from version N), or every aggregate with rows published in\n"
          "    [since, until) (of those topics). Each aggregate is replayed from its lowest\n"
@@ -51,6 +55,12 @@ static const struct {
          "    version after a higher version's, per aggregate and partition), duplicates\n"
          "    and unknown messages (event id not in the table). Exit 1 when missing or\n"
          "    reorders is not 0. Needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS"},
+        {CTL_MIGRATE, "migrate", "migrate [--dry-run] [--json]",
+         "applies the schema migrations built into this program (schemas/postgres) that\n"
+         "    the database has not recorded, in order, each in its own transaction, under\n"
+         "    an advisory lock; creates OUTBOX_TABLE's table (it must be named outbox_event,\n"
+         "    in any schema). Exit 1 when the database records a migration newer than this\n"
+         "    program knows. --dry-run lists what it would apply"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -72,13 +82,18 @@ enum opt_id {
         O_HELP
 };
 
+/* The commands that print JSON with --json: all of them. */
+#define JSON_CMDS                                                                                  \
+        (BIT(CTL_STATS) | BIT(CTL_DEAD) | BIT(CTL_REQUEUE) | BIT(CTL_GAPS) |                       \
+         BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY) | BIT(CTL_RECONCILE) | BIT(CTL_MIGRATE))
+
 static const struct {
         enum opt_id id;
         const char *name;
         int takes_value;
         unsigned cmds; /* BIT(command) of the commands that take it */
 } options[] = {
-        {O_LIMIT, "--limit", 1, BIT(CTL_DEAD) | BIT(CTL_GAPS)},
+        {O_LIMIT, "--limit", 1, BIT(CTL_DEAD) | BIT(CTL_GAPS) | BIT(CTL_REQUEUE)},
         {O_ID, "--id", 1, BIT(CTL_REQUEUE)},
         {O_AGGREGATE, "--aggregate", 1, BIT(CTL_REQUEUE) | BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY)},
         {O_TENANT, "--tenant", 1, BIT(CTL_REQUEUE) | BIT(CTL_RELEASE_GAP) | BIT(CTL_REPLAY)},
@@ -90,8 +105,8 @@ static const struct {
         {O_TOPIC, "--topic", 1, BIT(CTL_REPLAY) | BIT(CTL_RECONCILE)},
         {O_MARGIN, "--margin", 1, BIT(CTL_RECONCILE)},
         {O_EXAMPLES, "--examples", 1, BIT(CTL_REPLAY) | BIT(CTL_RECONCILE)},
-        {O_JSON, "--json", 0, BIT(CTL_RECONCILE)},
-        {O_DRY_RUN, "--dry-run", 0, BIT(CTL_REPLAY)},
+        {O_JSON, "--json", 0, JSON_CMDS},
+        {O_DRY_RUN, "--dry-run", 0, BIT(CTL_REPLAY) | BIT(CTL_REQUEUE) | BIT(CTL_MIGRATE)},
         {O_HELP, "--help", 0, ~0u},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -105,7 +120,8 @@ const char *ctl_command_name(enum ctl_command cmd) {
 
 void ctl_usage(FILE *out, enum ctl_command cmd) {
         if (cmd == CTL_NONE)
-                fprintf(out, "usage: outboxctl COMMAND [OPTIONS]   (outboxctl COMMAND --help)\n\n"
+                fprintf(out, "usage: outboxctl COMMAND [OPTIONS]   (outboxctl COMMAND --help)\n"
+                             "       outboxctl --help | --version\n\n"
                              "Commands:\n");
         for (size_t i = 0; i < NCOMMANDS; i++)
                 if (cmd == CTL_NONE || commands[i].cmd == cmd)
@@ -334,6 +350,8 @@ static int apply(struct ctl_args *a, enum opt_id id, const char *name, const cha
                         return errstr_set(errstr, size,
                                           "%s: %s N: '%s' is not a number (0 or more)", cmd, name,
                                           v);
+                if (id == O_LIMIT)
+                        a->has_limit = 1;
                 return 0;
         case O_ID:
                 if (!ctl_is_uuid(v, strlen(v)))
@@ -400,6 +418,8 @@ static int check(struct ctl_args *a, int tenant_given, long long now_ms, char *e
                                           "--all-dead");
                 if (a->code && !a->all_dead)
                         return errstr_set(errstr, size, "requeue: --code goes with --all-dead");
+                if (a->has_limit && !a->dry_run)
+                        return errstr_set(errstr, size, "requeue: --limit goes with --dry-run");
                 break;
         }
         case CTL_RELEASE_GAP:
@@ -446,10 +466,16 @@ int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, 
         if (argc < 2)
                 return errstr_set(errstr, errstr_size,
                                   "a command is needed: stats, dead, requeue, gaps, release-gap, "
-                                  "replay or reconcile (see outboxctl --help)");
+                                  "replay, reconcile or migrate");
         const char *word = argv[1];
         if (!strcmp(word, "--help") || !strcmp(word, "-h") || !strcmp(word, "help")) {
                 a->help = 1;
+                return 0;
+        }
+        if (!strcmp(word, "--version")) {
+                if (argc > 2)
+                        return errstr_set(errstr, errstr_size, "--version takes no arguments");
+                a->version = 1;
                 return 0;
         }
         for (size_t i = 0; i < NCOMMANDS; i++)
@@ -458,7 +484,7 @@ int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, 
         if (a->cmd == CTL_NONE)
                 return errstr_set(errstr, errstr_size,
                                   "unknown command '%s' (stats, dead, requeue, gaps, release-gap, "
-                                  "replay, reconcile; see outboxctl --help)",
+                                  "replay, reconcile, migrate)",
                                   word);
         for (int i = 2; i < argc; i++) {
                 const char *arg = argv[i], *eq = strchr(arg, '='), *v = NULL;
@@ -468,9 +494,8 @@ int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, 
                         if (strlen(options[o].name) == nlen && !strncmp(arg, options[o].name, nlen))
                                 break;
                 if (o == NOPTIONS || !(options[o].cmds & BIT(a->cmd)))
-                        return errstr_set(errstr, errstr_size,
-                                          "%s: unknown argument '%s' (see outboxctl %s --help)",
-                                          word, arg, word);
+                        return errstr_set(errstr, errstr_size, "%s: unknown argument '%s'", word,
+                                          arg);
                 if (options[o].takes_value) {
                         if (nlen < strlen(arg))
                                 v = arg + nlen + 1;

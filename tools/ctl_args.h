@@ -14,7 +14,8 @@ enum ctl_command {
         CTL_GAPS,
         CTL_RELEASE_GAP,
         CTL_REPLAY,
-        CTL_RECONCILE
+        CTL_RECONCILE,
+        CTL_MIGRATE
 };
 
 /* --topic may be given this many times. */
@@ -32,8 +33,10 @@ enum ctl_command {
  * milliseconds since the epoch. */
 struct ctl_args {
         enum ctl_command cmd;
-        int help; /* --help: print the usage (of cmd, or of all) and exit 0 */
+        int help;    /* --help: print the usage (of cmd, or of all) and exit 0 */
+        int version; /* --version: print the program's version and exit 0 */
         long long limit;
+        int has_limit;
         const char *id;
         char *aggregate_type, *aggregate_id; /* --aggregate TYPE/ID */
         const char *tenant;                  /* "default" unless --tenant */
@@ -51,8 +54,9 @@ struct ctl_args {
 };
 
 /* Parses argv (argv[0] the program) with `now_ms` for relative times. 0, or
- * -1 with one line in errstr (a usage error: exit 2). Call ctl_args_free()
- * in every case. */
+ * -1 with one line in errstr saying what is wrong (a usage error: exit 2;
+ * a->cmd is the command when it was known). Call ctl_args_free() in every
+ * case. */
 int ctl_args_parse(struct ctl_args *a, int argc, char **argv, long long now_ms, char *errstr,
                    size_t errstr_size) __attribute__((warn_unused_result));
 

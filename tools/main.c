@@ -23,8 +23,17 @@ static void print_help(void) {
         printf("  OUTBOX_KAFKA_*               librdkafka properties, as for the relay "
                "(reconcile)\n"
                "\nExit codes: 0 ok, 1 a problem found (reconcile: missing or reorders; "
-               "replay: rows refused;\nrelease-gap: no gap) or a runtime error, 2 usage or "
-               "bad configuration.\n");
+               "replay: rows refused;\nrelease-gap: no gap; migrate: the database's schema is "
+               "newer) or a runtime error,\n2 usage or bad configuration.\n");
+}
+
+/* A usage error: one plain line (not a log line), naming what is wrong and
+ * where the usage is. */
+static void usage_error(const struct ctl_args *a, const char *err) {
+        char line[1024];
+        snprintf(line, sizeof line, "outboxctl: %s (see outboxctl%s%s --help)", err,
+                 a->cmd != CTL_NONE ? " " : "", a->cmd != CTL_NONE ? ctl_command_name(a->cmd) : "");
+        log_plain(line);
 }
 
 /* Nonzero when bootstrap.servers is set. */
@@ -44,6 +53,7 @@ static int run(struct ctl *c) {
         case CTL_RELEASE_GAP: return ctl_release_gap(c);
         case CTL_REPLAY: return ctl_replay(c);
         case CTL_RECONCILE: return ctl_reconcile(c);
+        case CTL_MIGRATE: return ctl_migrate(c);
         case CTL_NONE: break;
         }
         return 2;
@@ -58,9 +68,14 @@ int main(int argc, char **argv) {
         char *env_only[] = {argv[0], NULL};
 
         memset(&cfg, 0, sizeof cfg);
-        int parsed = ctl_args_parse(&args, argc, argv, ctl_now_ms(), err, sizeof err);
-        if (parsed == 0 && args.help) {
-                if (args.cmd == CTL_NONE)
+        if (ctl_args_parse(&args, argc, argv, ctl_now_ms(), err, sizeof err) != 0) {
+                usage_error(&args, err);
+                goto out;
+        }
+        if (args.version || args.help) {
+                if (args.version)
+                        printf("outboxctl %s\n", OUTBOX_VERSION);
+                else if (args.cmd == CTL_NONE)
                         print_help();
                 else
                         ctl_usage(stdout, args.cmd);
@@ -68,10 +83,6 @@ int main(int argc, char **argv) {
                 goto out;
         }
         log_setup(LOG_INFO, config_log_json_hint(CONFIG_CTL, 1, env_only));
-        if (parsed != 0) {
-                log_error("outboxctl", "bad usage", "err=%s", err);
-                goto out;
-        }
         if (config_load(&cfg, CONFIG_CTL, 1, env_only, stdout, err, sizeof err) != 0) {
                 log_error("config", "bad configuration", "err=%s", err);
                 goto out;
@@ -89,7 +100,8 @@ int main(int argc, char **argv) {
                 log_error("outboxctl", "out of memory", NULL);
                 goto out;
         }
-        if (db_connect(db, err, sizeof err) != 0) {
+        /* migrate connects by itself: the table need not exist yet */
+        if (args.cmd != CTL_MIGRATE && db_connect(db, err, sizeof err) != 0) {
                 log_error("db", "cannot connect", "err=%s", err);
                 goto out;
         }

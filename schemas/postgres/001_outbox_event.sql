@@ -1,10 +1,16 @@
 -- 001_outbox_event: the outbox table, its indexes and the NOTIFY trigger.
 --
--- Safe to apply twice. Names are unqualified: the table is created in the first
--- schema of search_path, so the same file serves `public.outbox_event` and
--- per-test schemas alike.
+-- Safe to apply twice, silently (what exists already is left as it is, without
+-- a NOTICE). Names are unqualified: the table is created in the first schema of
+-- search_path, so the same file serves `public.outbox_event` and per-test
+-- schemas alike.
 
-CREATE TABLE IF NOT EXISTS outbox_event (
+DO $$
+BEGIN
+IF to_regclass(format('%I.outbox_event', current_schema())) IS NOT NULL THEN
+    RETURN;
+END IF;
+CREATE TABLE outbox_event (
     outbox_id          uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     tenant_id          text        NOT NULL DEFAULT 'default',
     aggregate_type     text        NOT NULL,
@@ -57,6 +63,8 @@ CREATE TABLE IF NOT EXISTS outbox_event (
                OR (status <> 'PUBLISHING'
                    AND last_error_code IS NOT DISTINCT FROM 'BLOCKED'))
 ) WITH (fillfactor = 50);
+END
+$$;
 
 -- No index mentions status, locked_by, locked_at, last_attempt_at,
 -- attempt_count or updated_at, the only columns the relay's lock statement
@@ -68,15 +76,23 @@ CREATE TABLE IF NOT EXISTS outbox_event (
 -- writes index entries. This halves the index work per row, which is what
 -- lets PostgreSQL keep up with the relay.
 
+-- The indexes, in the table's schema; each is built unless it exists.
+DO $$
+DECLARE
+    s name := (SELECT n.nspname FROM pg_class r JOIN pg_namespace n
+               ON n.oid = r.relnamespace WHERE r.oid = 'outbox_event'::regclass);
+BEGIN
 -- The relay's lock scan: unpublished rows in due-time order, lower versions
 -- first among rows due at the same time. Partial, so its size follows the
 -- unpublished backlog only, and in the ORDER BY's columns so a batch reads
 -- about LIMIT entries instead of sorting every due row. In-flight (PUBLISHING)
 -- rows are stepped over by the status filter; DEAD rows sit at available_at
 -- 'infinity', past the scan's `available_at <= now()` bound.
-CREATE INDEX IF NOT EXISTS outbox_event_due_idx
-    ON outbox_event (available_at, aggregate_version)
-    WHERE published_at IS NULL;
+IF to_regclass(format('%I.outbox_event_due_idx', s)) IS NULL THEN
+    CREATE INDEX outbox_event_due_idx
+        ON outbox_event (available_at, aggregate_version)
+        WHERE published_at IS NULL;
+END IF;
 
 -- The per-aggregate guard: an aggregate's versions, every status, by a 64-bit
 -- key of (tenant_id, aggregate_type, aggregate_id), so that the probes of
@@ -84,10 +100,12 @@ CREATE INDEX IF NOT EXISTS outbox_event_due_idx
 -- a probe finds the unpublished (or the published) rows of a version first.
 -- The probes also check the three columns, so two aggregates with the same
 -- key never decide for each other.
-CREATE INDEX IF NOT EXISTS outbox_event_agg_idx
-    ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
-                       hashtextextended(tenant_id, 0))),
-                     aggregate_version, (published_at IS NULL));
+IF to_regclass(format('%I.outbox_event_agg_idx', s)) IS NULL THEN
+    CREATE INDEX outbox_event_agg_idx
+        ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
+                           hashtextextended(tenant_id, 0))),
+                         aggregate_version, (published_at IS NULL));
+END IF;
 
 -- The sweeper's retention delete, by publish time. Each aggregate's latest
 -- published row is kept (the guard tells a gap from a first version by it)
@@ -95,9 +113,13 @@ CREATE INDEX IF NOT EXISTS outbox_event_agg_idx
 -- delete never reads kept rows again. Its stale-lock scan uses
 -- outbox_event_due_idx: a PUBLISHING row was due when it was locked, so a lock
 -- older than the lock timeout belongs to a row due before that.
-CREATE INDEX IF NOT EXISTS outbox_event_retention_idx
-    ON outbox_event (published_at)
-    WHERE published_at IS NOT NULL AND available_at <> 'infinity';
+IF to_regclass(format('%I.outbox_event_retention_idx', s)) IS NULL THEN
+    CREATE INDEX outbox_event_retention_idx
+        ON outbox_event (published_at)
+        WHERE published_at IS NOT NULL AND available_at <> 'infinity';
+END IF;
+END
+$$;
 
 -- One NOTIFY per inserting statement, on the channel '<schema>.<table>' (cut to
 -- 63 bytes, PostgreSQL's limit for a channel name), so idle relays wake at once.

@@ -3,21 +3,24 @@
 -- or available_at) to the current 001: the lock statement is then a HOT
 -- update (see 001 and docs/DESIGN.md).
 --
--- Safe to apply twice, and a no-op on a table the current 001 created. On a
--- table that needs it, it rewrites no heap but locks the table while it
--- parks DEAD rows, checks the constraints and rebuilds three indexes: run it
--- with the relays stopped. For a large table, build the indexes by hand
--- first with CREATE INDEX CONCURRENTLY under the names below (a valid index
--- of the right definition is kept).
+-- Safe to apply twice, and a no-op (without a NOTICE) on a table the current
+-- 001 created. On a table that needs it, it rewrites no heap but locks the
+-- table while it parks DEAD rows, checks the constraints and rebuilds three
+-- indexes: run it with the relays stopped. For a large table, build the indexes
+-- by hand first with CREATE INDEX CONCURRENTLY under the names below (a valid
+-- index of the right definition is kept).
 
 DO $$
 DECLARE
     t regclass := to_regclass('outbox_event');
+    s name;
     ix record;
 BEGIN
     IF t IS NULL THEN
         RETURN;
     END IF;
+    SELECT n.nspname INTO s FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+    WHERE r.oid = t;
 
     -- Rows must satisfy the constraints before they are added.
     UPDATE outbox_event SET available_at = 'infinity'
@@ -70,9 +73,9 @@ BEGIN
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             WHERE i.indrelid = t AND c.relname = ix.name AND i.indisvalid
               AND pg_get_expr(i.indpred, i.indrelid) = '(' || ix.pred || ')') THEN
-            EXECUTE format('DROP INDEX IF EXISTS %I.%I',
-                           (SELECT n.nspname FROM pg_class r JOIN pg_namespace n
-                            ON n.oid = r.relnamespace WHERE r.oid = t), ix.name);
+            IF to_regclass(format('%I.%I', s, ix.name)) IS NOT NULL THEN
+                EXECUTE format('DROP INDEX %I.%I', s, ix.name);
+            END IF;
             EXECUTE format('CREATE INDEX %I ON %s %s WHERE %s', ix.name, t, ix.def, ix.pred);
         END IF;
     END LOOP;

@@ -4,12 +4,12 @@
 -- docs/DESIGN.md, "The sweeper"). It widens outbox_event_parked_check
 -- to the definition in the current 001.
 --
--- Safe to apply twice, and a no-op on a table the current 001 created. The
--- new check only allows more than the old one, so existing rows meet it: it
--- is added NOT VALID (no table scan), and relays may keep running. It still
--- needs a moment's exclusive lock on the table, which waits for open
--- transactions that wrote to it and holds up later writers meanwhile: the
--- lock_timeout below gives up after 5 s instead (apply it again then).
+-- Safe to apply twice, and a no-op (without a NOTICE) on a table the current
+-- 001 created. The new check only allows more than the old one, so existing
+-- rows meet it: it is added NOT VALID (no table scan), and relays may keep
+-- running. It still needs a moment's exclusive lock on the table, which waits
+-- for open transactions that wrote to it and holds up later writers meanwhile:
+-- the lock_timeout below gives up after 5 s instead (apply it again then).
 -- `ALTER TABLE outbox_event VALIDATE CONSTRAINT outbox_event_parked_check`
 -- checks the old rows too, if wanted. Apply it before upgrading the sweeper:
 -- until then, the new sweeper's parking step fails (logged, retention goes on).
@@ -25,7 +25,10 @@ BEGIN
         RETURN;
     END IF;
     SET LOCAL lock_timeout = '5s';
-    ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_parked_check;
+    IF EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = t
+               AND conname = 'outbox_event_parked_check') THEN
+        ALTER TABLE outbox_event DROP CONSTRAINT outbox_event_parked_check;
+    END IF;
     ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_parked_check
         CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
                OR available_at <> 'infinity'

@@ -9,12 +9,12 @@
 --     gap from an aggregate's first version by it) and parks it at
 --     available_at 'infinity', out of the retention scan.
 --
--- Safe to apply twice, and a no-op on a table the current 001 created. Adding
--- a column without a stored default and setting a default are catalog
--- changes (no table rewrite; old rows have txid NULL, which counts as old).
--- Building the new index reads every published row: apply it with the
--- sweepers stopped (relays may run; the lock_timeout gives up after 5 s if
--- the table is busy, apply it again then).
+-- Safe to apply twice, and a no-op (without a NOTICE) on a table the current
+-- 001 created. Adding a column without a stored default and setting a default
+-- are catalog changes (no table rewrite; old rows have txid NULL, which counts
+-- as old). Building the new index reads every published row: apply it with the
+-- sweepers stopped (relays may run; the lock_timeout gives up after 5 s if the
+-- table is busy, apply it again then).
 
 DO $$
 DECLARE
@@ -36,6 +36,8 @@ BEGIN
         EXECUTE format('CREATE INDEX outbox_event_retention_idx ON %s (published_at)'
                        ' WHERE published_at IS NOT NULL AND available_at <> ''infinity''', t);
     END IF;
-    EXECUTE format('DROP INDEX IF EXISTS %I.outbox_event_published_idx', s);
+    IF to_regclass(quote_ident(s) || '.outbox_event_published_idx') IS NOT NULL THEN
+        EXECUTE format('DROP INDEX %I.outbox_event_published_idx', s);
+    END IF;
 END
 $$;

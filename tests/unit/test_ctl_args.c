@@ -50,6 +50,38 @@ Test(ctl_args, help) {
         cr_assert(a.help && a.cmd == CTL_REPLAY);
 }
 
+Test(ctl_args, version) {
+        cr_assert_eq(PARSE("--version"), 0, "%s", err);
+        cr_assert(a.version && a.cmd == CTL_NONE);
+}
+
+Test(ctl_args, json_everywhere_and_dry_runs) {
+        const char *cmds[][4] = {{"stats"},
+                                 {"dead"},
+                                 {"gaps"},
+                                 {"requeue", "--all-dead"},
+                                 {"release-gap", "--aggregate", "A/b"},
+                                 {"replay", "--since", "1h"},
+                                 {"reconcile"},
+                                 {"migrate"}};
+        for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+                char *args[6] = {"outboxctl"};
+                int n = 1;
+                for (int k = 0; k < 4 && cmds[i][k]; k++)
+                        args[n++] = (char *)cmds[i][k];
+                args[n++] = "--json";
+                args[n] = NULL;
+                cr_assert_eq(parse_v(args), 0, "%s: %s", cmds[i][0], err);
+                cr_assert(a.json, "%s", cmds[i][0]);
+        }
+        cr_assert_eq(PARSE("requeue", "--id", "6f1c0000-0000-0000-0000-000000000000", "--dry-run",
+                           "--limit", "5"),
+                     0, "%s", err);
+        cr_assert(a.dry_run && a.limit == 5);
+        cr_assert_eq(PARSE("migrate", "--dry-run"), 0, "%s", err);
+        cr_assert(a.dry_run && a.cmd == CTL_MIGRATE);
+}
+
 Test(ctl_args, requeue_modes) {
         cr_assert_eq(PARSE("requeue", "--id", "6F1C0000-aaaa-bbbb-cccc-0123456789ab"), 0, "%s",
                      err);
@@ -102,6 +134,10 @@ Test(ctl_args, usage_errors) {
         refused(PARSE("reconcile", "--json=1"), "--json takes no value");
         refused(PARSE("reconcile", "--dry-run"), "unknown argument");
         refused(PARSE("frobnicate"), "unknown command 'frobnicate'");
+        refused(PARSE("requeue", "--all-dead", "--limit", "3"), "--limit goes with --dry-run");
+        refused(PARSE("stats", "--dry-run"), "unknown argument '--dry-run'");
+        refused(PARSE("migrate", "--limit", "3"), "unknown argument '--limit'");
+        refused(PARSE("--version", "stats"), "--version takes no arguments");
         char *only[] = {"outboxctl"};
         refused(ctl_args_parse(&a, 1, only, NOW, err, sizeof err), "a command is needed");
 }
