@@ -399,12 +399,12 @@ class KafkaCheck:
                 self.max_lag_s = max(self.max_lag_s, lag)
 
 
-def check_kafka(kafka, topics, rows, dup_allowed):
+def check_kafka(kafka, topics, rows, dup_allowed, timeout_s=60):
     """Reads the topics back and checks them against the table rows (dicts of
     db.rows()): every PUBLISHED row's event is there (G1), no event that is
     not a row, first-copy order per partition (G2), and duplicates only of
     ids in dup_allowed (G3). Returns (KafkaCheck, problems)."""
-    kc = KafkaCheck(read_topics(kafka.bootstrap, topics=topics, timeout_s=60))
+    kc = KafkaCheck(read_topics(kafka.bootstrap, topics=topics, timeout_s=timeout_s))
     problems = []
     table_ids = {r["outbox_id"] for r in rows}
     published = {r["outbox_id"] for r in rows if r["status"] == "PUBLISHED"}
