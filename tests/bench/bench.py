@@ -25,7 +25,9 @@ is measured in this one run:
               defaults otherwise) on Apache Kafka: the relay's peak RSS (bounded
               by OUTBOX_BATCH_BYTES) and its rate
   D debezium  outbox-relay against Debezium on a PostgreSQL and an Apache Kafka
-              broker of its own (tests/bench/debezium/compare.py, rows D1-D5)
+              broker of its own (tests/bench/debezium/compare.py, rows D1-D6: a
+              burst after idle statistics, a catch-up of a backlog, latency, CPU,
+              RSS, start-up; --dbz-rounds rounds, systems alternated)
 
 fsync off first, then the server is restarted with fsync on and rows 1, 2
 (and 4) are measured again. Rates are rows / (max(published_at) -
@@ -916,9 +918,8 @@ def main():
     print(table(b.results))
     if "debezium" in b.results:
         d = b.results["debezium"]
-        print("\noutbox-relay against Debezium (%s; connector %s; worker %s):"
-              % (d["versions"], json.dumps(d["dbz_connector"]), json.dumps(d["dbz_worker"])))
-        print(debezium_rows.table(d))
+        print("\noutbox-relay against Debezium:")
+        debezium_rows.print_tables(d)
     print("raw results and logs: %s" % b.out_dir)
 
 

@@ -27,6 +27,7 @@ import collections
 import datetime
 import os
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -153,6 +154,63 @@ def write_out_of_order(db, rows, chunk=1000, delay=0.05, pause=0.0):
             c2.close()
         time.sleep(pause)
     return pairs
+
+
+class Writer(threading.Thread):
+    """Commits events on its own connection until stop(): every `period` s one
+    transaction of `per_tx` rows, each the next version of one of `aggregates`
+    aggregates (named prefix0, prefix1, ...) in turn. .inserted counts committed
+    rows; .commits maps each row's outbox_id to the wall-clock time (time.time())
+    at which its COMMIT returned."""
+
+    def __init__(self, db, prefix, aggregates=60, per_tx=10, period=0.04):
+        super().__init__(daemon=True)
+        self.db, self.prefix = db, prefix
+        self.aggregates, self.per_tx, self.period = aggregates, per_tx, period
+        self.inserted = 0
+        self.commits = {}
+        self.error = None
+        self._halt = threading.Event()
+        self._versions = collections.Counter()
+        self._next = 0
+
+    def _rows(self):
+        rows = []
+        for _ in range(self.per_tx):
+            agg = "%s%d" % (self.prefix, self._next % self.aggregates)
+            self._next += 1
+            self._versions[agg] += 1
+            rows.append(("Order", agg, self._versions[agg], "Changed",
+                          psycopg2.extras.Json({"agg": agg, "v": self._versions[agg]})))
+        return rows
+
+    def run(self):
+        try:
+            conn = psycopg2.connect(self.db.pg.url)
+            with conn:
+                while not self._halt.is_set():
+                    rows = self._rows()
+                    with conn.cursor() as cur:
+                        ids = psycopg2.extras.execute_values(
+                            cur, "INSERT INTO %s (aggregate_type, aggregate_id, "
+                            "aggregate_version, event_type, payload_json) VALUES %%s "
+                            "RETURNING outbox_id::text" % self.db.table, rows, fetch=True)
+                    conn.commit()
+                    now = time.time()
+                    for (oid,) in ids:
+                        self.commits[oid] = now
+                    self.inserted += len(rows)
+                    self._halt.wait(self.period)
+            conn.close()
+        except Exception as e:  # reported by stop()
+            self.error = e
+
+    def stop(self):
+        self._halt.set()
+        self.join(30)
+        assert not self.is_alive(), "writer did not stop"
+        assert self.error is None, "writer failed: %r" % self.error
+        return self.inserted
 
 
 def cpu_seconds(pid):
@@ -341,12 +399,12 @@ class KafkaCheck:
                 self.max_lag_s = max(self.max_lag_s, lag)
 
 
-def check_kafka(kafka, topics, rows, dup_allowed):
+def check_kafka(kafka, topics, rows, dup_allowed, timeout_s=60):
     """Reads the topics back and checks them against the table rows (dicts of
     db.rows()): every PUBLISHED row's event is there (G1), no event that is
     not a row, first-copy order per partition (G2), and duplicates only of
     ids in dup_allowed (G3). Returns (KafkaCheck, problems)."""
-    kc = KafkaCheck(read_topics(kafka.bootstrap, topics=topics, timeout_s=60))
+    kc = KafkaCheck(read_topics(kafka.bootstrap, topics=topics, timeout_s=timeout_s))
     problems = []
     table_ids = {r["outbox_id"] for r in rows}
     published = {r["outbox_id"] for r in rows if r["status"] == "PUBLISHED"}

@@ -18,14 +18,11 @@ once (a delivery report lost with a broker).
   - a rolling restart of all three brokers.
 """
 import collections
-import threading
 import time
 
-import psycopg2
-import psycopg2.extras
 import pytest
 
-from conftest import check_audit, check_kafka, relay_env, wait_quiet
+from conftest import Writer, check_audit, check_kafka, relay_env, wait_quiet
 from harness import KafkaCluster, Relay, kafka_admin, wait_until
 
 BROKERS = (1, 2, 3)
@@ -58,57 +55,6 @@ def every_broker_back(cluster):
         if not cluster.node_running(n):
             cluster.start_node(n)
     cluster.wait_brokers(3, timeout=60)
-
-
-class Writer(threading.Thread):
-    """Commits events on its own connection until stop(): every `period` s one
-    transaction of `per_tx` rows, each the next version of one of `aggregates`
-    aggregates in turn. .inserted counts committed rows."""
-
-    def __init__(self, db, prefix, aggregates=60, per_tx=10, period=0.04):
-        super().__init__(daemon=True)
-        self.db, self.prefix = db, prefix
-        self.aggregates, self.per_tx, self.period = aggregates, per_tx, period
-        self.inserted = 0
-        self.error = None
-        self._halt = threading.Event()
-        self._versions = collections.Counter()
-        self._next = 0
-
-    def _rows(self):
-        rows = []
-        for _ in range(self.per_tx):
-            agg = "%s%d" % (self.prefix, self._next % self.aggregates)
-            self._next += 1
-            self._versions[agg] += 1
-            rows.append(("Order", agg, self._versions[agg], "Changed",
-                          psycopg2.extras.Json({"agg": agg, "v": self._versions[agg]})))
-        return rows
-
-    def run(self):
-        try:
-            conn = psycopg2.connect(self.db.pg.url)
-            with conn:
-                while not self._halt.is_set():
-                    rows = self._rows()
-                    with conn.cursor() as cur:
-                        psycopg2.extras.execute_values(
-                            cur, "INSERT INTO %s (aggregate_type, aggregate_id, "
-                            "aggregate_version, event_type, payload_json) VALUES %%s"
-                            % self.db.table, rows)
-                    conn.commit()
-                    self.inserted += len(rows)
-                    self._halt.wait(self.period)
-            conn.close()
-        except Exception as e:  # reported by stop()
-            self.error = e
-
-    def stop(self):
-        self._halt.set()
-        self.join(30)
-        assert not self.is_alive(), "writer did not stop"
-        assert self.error is None, "writer failed: %r" % self.error
-        return self.inserted
 
 
 def published(db):

@@ -181,6 +181,33 @@ class Connect:
         tasks = self.status().get("tasks") or [{}]
         return tasks[0].get("state")
 
+    def _states(self):
+        s = self.status()
+        return {s["connector"]["state"]} | {t["state"] for t in s.get("tasks") or [{}]}
+
+    def _put(self, action, state, timeout):
+        req = urllib.request.Request("%s/connectors/%s/%s" % (self.rest, self.name, action),
+                                     method="PUT")
+        with urllib.request.urlopen(req, timeout=5):
+            pass
+        deadline = time.monotonic() + timeout
+        while self._states() != {state}:
+            if time.monotonic() > deadline:
+                raise RuntimeError("connector %s not %s after %.0f s: %s"
+                                   % (self.name, state, timeout, self.status()))
+            time.sleep(0.05)
+
+    def pause(self, timeout=60):
+        """Pauses the connector through Connect's REST API (PUT .../pause) and
+        waits until it and its task are PAUSED. The task stops handing records
+        to the producer; Debezium's streaming thread keeps filling its queue
+        (max.queue.size records) from the replication slot meanwhile."""
+        self._put("pause", "PAUSED", timeout)
+
+    def resume(self, timeout=60):
+        """PUT .../resume, then waits until the connector and its task are RUNNING."""
+        self._put("resume", "RUNNING", timeout)
+
     def running(self):
         try:
             os.kill(self.pid, 0)
