@@ -90,12 +90,11 @@ static const struct opt opts[] = {
          "debug, info, warn or error"},
         {"OUTBOX_LOG_FORMAT", T_ENUM, "json", O(log_format_json), ALL, 0, 0, log_format_names,
          "json or text (outboxctl: text by default)"},
-        {"OUTBOX_STATEMENT_TIMEOUT_MS", T_INT, "10000", O(statement_timeout_ms), BOTH, 100,
-         3600000, NULL,
+        {"OUTBOX_STATEMENT_TIMEOUT_MS", T_INT, "10000", O(statement_timeout_ms), BOTH, 100, 3600000,
+         NULL,
          "statement_timeout of the daemons' sessions; a relay that completes no lock and no "
          "mark for 2 x OUTBOX_POLL_INTERVAL_MS + this is stalled (/readyz 503)"},
-        {"OUTBOX_DB_LOCK_TIMEOUT_MS", T_INT, "2000", O(db_lock_timeout_ms), BOTH, 10, 3600000,
-         NULL,
+        {"OUTBOX_DB_LOCK_TIMEOUT_MS", T_INT, "2000", O(db_lock_timeout_ms), BOTH, 10, 3600000, NULL,
          "lock_timeout of the daemons' sessions: the longest any of their statements waits "
          "behind DDL or maintenance (the wait is logged with its blocker)"},
         {"OUTBOX_LOCK_TIMEOUT_S", T_INT, "300", O(lock_timeout_s), BOTH, 1, INT_MAX, NULL,

@@ -226,8 +226,8 @@ fail:
 
 struct db_result *db_exec(struct db *db, int stmt, int nparams, const char *const *params,
                           int binary, char *errstr, size_t errstr_size) {
-        if (db_async_send(db, stmt, nparams, params, binary, clock_mono_s(), errstr,
-                          errstr_size) != 0)
+        if (db_async_send(db, stmt, nparams, params, binary, clock_mono_s(), errstr, errstr_size) !=
+            0)
                 return NULL;
         for (;;) {
                 enum db_event ev = db_async_advance(db, clock_mono_s(), errstr, errstr_size);

@@ -24,7 +24,7 @@
 #define SERVER_VERSION_MIN 140000
 
 struct db_result {
-        PGresult *r;     /* NULL when the connection broke before an answer */
+        PGresult *r; /* NULL when the connection broke before an answer */
         char sqlstate[6];
         char error[512];
 };
@@ -329,9 +329,9 @@ static int collect_pipeline(struct db *db, char *errstr, size_t size) {
                         return 1;
                 }
                 if (st == PGRES_FATAL_ERROR && !db->setup_error)
-                        db->setup_error = errstr_set(errstr, size, "%s: %s",
-                                                     command_name(db, db->setup_next),
-                                                     PQresultErrorMessage(r));
+                        db->setup_error =
+                                errstr_set(errstr, size, "%s: %s", command_name(db, db->setup_next),
+                                           PQresultErrorMessage(r));
                 PQclear(r);
         }
         return 0;

@@ -21,13 +21,13 @@ struct db_session {
          * bitmap scans, sorts an index can replace, hash and merge joins)
          * are turned off, so no statistics can change a statement's shape. */
         int fixed_plans;
-        int listen;                   /* LISTEN on the table's NOTIFY channel */
-        const struct db_sql *sql;     /* the statements (borrowed), indexed by the caller */
+        int listen;               /* LISTEN on the table's NOTIFY channel */
+        const struct db_sql *sql; /* the statements (borrowed), indexed by the caller */
         size_t nsql;
-        unsigned long long prepare;   /* bit i: statement i is prepared at connect (0: all) */
-        int test_lock_delay_ms;       /* test builds: a pause in lock statements */
-        int test_mark_delay_ms;       /* test builds: a pause in mark statements */
-        int test_sample_delay_ms;     /* test builds: a pause in the table sample */
+        unsigned long long prepare; /* bit i: statement i is prepared at connect (0: all) */
+        int test_lock_delay_ms;     /* test builds: a pause in lock statements */
+        int test_mark_delay_ms;     /* test builds: a pause in mark statements */
+        int test_sample_delay_ms;   /* test builds: a pause in the table sample */
 };
 
 /* Copies the session's settings into db (the statements are borrowed and

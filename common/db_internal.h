@@ -38,7 +38,7 @@ struct db {
         int setup_error;   /* one of them failed (the first one's error is kept) */
         PostgresPollingStatusType connect_polling;
         double connect_deadline;
-        int want_write; /* libpq holds data back: wait for POLLOUT */
+        int want_write;      /* libpq holds data back: wait for POLLOUT */
         const char *running; /* name of the statement running */
         double running_since;
         PGresult *pending;      /* the answer being collected */

@@ -129,8 +129,9 @@ static void judge(const struct health *h, double now, struct clocks *c) {
                          h->stall_s);
         c->mark_ok = c->mark_age <= h->stall_s;
         if (h->waiting_since > 0)
-                snprintf(c->mark, REASON_MAX, "oldest outcome waiting %.1f s for its mark (bound %.1f s)",
-                         c->mark_age, h->stall_s);
+                snprintf(c->mark, REASON_MAX,
+                         "oldest outcome waiting %.1f s for its mark (bound %.1f s)", c->mark_age,
+                         h->stall_s);
         else
                 snprintf(c->mark, REASON_MAX, "no outcome waits for its mark");
         c->stall_ok = now - last <= h->stall_s;
@@ -138,8 +139,8 @@ static void judge(const struct health *h, double now, struct clocks *c) {
                  c->stall_ok ? "turning" : "stalled", now - last, h->stall_s);
 }
 
-static int append_condition(struct buf *b, int *first, const char *name, int ok,
-                            const char *reason, const char *extra) {
+static int append_condition(struct buf *b, int *first, const char *name, int ok, const char *reason,
+                            const char *extra) {
         if ((!*first && buf_append(b, ",", 1)) || buf_append_json_string(b, name) ||
             buf_appendf(b, ":{\"ok\":%s,\"reason\":", ok ? "true" : "false") ||
             buf_append_json_string(b, reason) || (extra && buf_appendf(b, "%s", extra)) ||

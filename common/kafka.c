@@ -23,10 +23,10 @@ struct kafka {
         int outstanding;
         int delivery_timeout_ms;
         long long max_message_bytes;
-        int broker_up;  /* a delivery succeeded since every broker was last reported down */
-        char **known;   /* topics produced to (a set, KNOWN_TOPICS_MAX * 2 slots) */
+        int broker_up; /* a delivery succeeded since every broker was last reported down */
+        char **known;  /* topics produced to (a set, KNOWN_TOPICS_MAX * 2 slots) */
         size_t nknown;
-        int wake[2];    /* librdkafka writes to wake[1] when its main queue has events */
+        int wake[2]; /* librdkafka writes to wake[1] when its main queue has events */
 };
 
 /* docs/DESIGN.md's producer defaults; anything may be overridden but idempotence. */
@@ -421,12 +421,12 @@ int kafka_produce(struct kafka *k, const char *topic, const char *key, size_t ke
         }
         rd_kafka_headers_t *h = rd_kafka_headers_new((size_t)hdr_cnt);
         for (int i = 0; i < hdr_cnt; i++)
-                rd_kafka_header_add(h, hdrs[i].name, -1, hdrs[i].value,
-                                    (ssize_t)hdrs[i].value_len);
-        rd_kafka_resp_err_t err = rd_kafka_producev(
-                k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, key_len),
-                RD_KAFKA_V_VALUE((void *)value, value_len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+                rd_kafka_header_add(h, hdrs[i].name, -1, hdrs[i].value, (ssize_t)hdrs[i].value_len);
+        rd_kafka_resp_err_t err =
+                rd_kafka_producev(k->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, key_len),
+                                  RD_KAFKA_V_VALUE((void *)value, value_len),
+                                  RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_HEADERS(h),
+                                  RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
                 k->outstanding++;
                 return 0;

@@ -16,7 +16,7 @@ struct fetch_part {
         long long bytes;
 };
 
-/* The lock statement's columns (relay/sql/lock_*.sql). */
+/* The lock statements' columns (relay/sql/lock.sql, lock_none.sql). */
 enum lock_col {
         L_CTID,
         L_ID,
@@ -28,6 +28,7 @@ enum lock_col {
         L_VERSION,
         L_SIZE,
         L_KEY,
+        L_DEFERRED,
         L_NCOLS
 };
 
@@ -133,16 +134,21 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
         if (!b || db_result_cols(lock) != L_NCOLS)
                 goto fail;
         b->lock = lock;
-        b->n = b->open = b->unfetched = n;
         b->lock_gen = lock_gen;
         b->locked_at = now;
         b->rows = calloc(n ? n : 1, sizeof *b->rows);
         b->by_tid = calloc(n ? n : 1, sizeof *b->by_tid);
         if (!b->rows || !b->by_tid)
                 goto fail;
-        for (size_t i = 0; i < n; i++) {
-                struct row *w = &b->rows[i];
-                int k = (int)i;
+        size_t kept = 0;
+        for (size_t j = 0; j < n; j++) {
+                int k = (int)j;
+                /* a row the statement moved back behind its aggregate's
+                 * retry is not this relay's */
+                if (db_result_length(lock, k, L_DEFERRED) == 1 &&
+                    db_result_value(lock, k, L_DEFERRED)[0])
+                        continue;
+                struct row *w = &b->rows[kept++];
                 const char *tid = db_result_value(lock, k, L_CTID);
                 int tid_len = db_result_length(lock, k, L_CTID);
                 if (tid_len == 6)
@@ -166,6 +172,8 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
                 w->stage = ROW_LOCKED;
                 w->prev = w->next = -1;
         }
+        n = kept;
+        b->n = b->open = b->unfetched = n;
         qsort(b->rows, n, sizeof *b->rows, by_aggregate);
         for (size_t i = 0; i < n; i++) {
                 /* the strings borrowed from the lock's answer stay where
@@ -275,7 +283,9 @@ static int fill(struct row *w, const struct db_result *r, int k, long long max_r
                 *code = "INVALID_VALUE";
                 snprintf(why, why_size,
                          "occurred_at is outside what RFC 3339 can write (years 0001-9999): %s",
-                         us == INT64_MAX ? "infinity" : us == INT64_MIN ? "-infinity" : "out of range");
+                         us == INT64_MAX   ? "infinity"
+                         : us == INT64_MIN ? "-infinity"
+                                           : "out of range");
                 return -1;
         }
         /* seconds since 1970 from microseconds since 2000 */

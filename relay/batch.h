@@ -31,23 +31,23 @@ struct row {
         struct outbox_event ev; /* strings borrow from the batch's results */
         char id[37];            /* outbox_id */
         unsigned char id_bin[16];
-        char tid[DB_TID_TEXT];  /* ctid after the lock */
+        char tid[DB_TID_TEXT]; /* ctid after the lock */
         unsigned char tid_bin[6];
-        char occurred[40];      /* occurred_at as RFC 3339 */
-        long long size;         /* bytes: the lock's estimate, the fetch's measure once fetched */
-        long long key;          /* the aggregate's key (lock_*.sql; 0 under OUTBOX_ORDERING=none) */
-        struct batch *batch;    /* the batch it is in */
+        char occurred[40];   /* occurred_at as RFC 3339 */
+        long long size;      /* bytes: the lock's estimate, the fetch's measure once fetched */
+        long long key;       /* the aggregate's key (lock_*.sql; 0 under OUTBOX_ORDERING=none) */
+        struct batch *batch; /* the batch it is in */
         enum row_stage stage;
         /* the outcome (ROW_SETTLED on) */
         enum decide_mark mark;
         int permanent, uncounted;
         const char *code; /* static: rd_kafka_err2name() or the relay's own codes */
         char message[160];
-        long long delay_ms;     /* FAILED: the backoff */
-        double settled_at;      /* monotonic, when its outcome became known */
-        int mark_uncertain;     /* a mark of it was lost with its connection */
-        char *topic;            /* the message's topic (for metrics and logs), owned */
-        double produced_at;     /* monotonic */
+        long long delay_ms; /* FAILED: the backoff */
+        double settled_at;  /* monotonic, when its outcome became known */
+        int mark_uncertain; /* a mark of it was lost with its connection */
+        char *topic;        /* the message's topic (for metrics and logs), owned */
+        double produced_at; /* monotonic */
         /* its run: the version it waits for and the one that waits for it */
         int prev, next;
         struct fetch_part *part; /* the fetch its content lives in */
@@ -60,18 +60,20 @@ struct batch {
         struct tid_index *by_tid; /* the rows in ctid order (to match fetched rows) */
         struct db_result *lock;
         struct fetch_part *parts;
-        size_t unfetched;     /* rows still to fetch */
-        size_t open;          /* rows not yet marked */
-        long lock_gen;        /* the lock connection it was locked on (db_connects) */
-        double locked_at;     /* monotonic */
-        int dirty;            /* something changed that may let a row be produced */
+        size_t unfetched; /* rows still to fetch */
+        size_t open;      /* rows not yet marked */
+        long lock_gen;    /* the lock connection it was locked on (db_connects) */
+        double locked_at; /* monotonic */
+        int dirty;        /* something changed that may let a row be produced */
 };
 
 /* Builds a batch from a lock statement's answer (binary format; see
- * relay/sql/lock_*.sql), which it takes; NULL out of memory (the answer is
- * then freed, and the caller must treat its rows as of unknown fate). Rows
- * come ordered by aggregate and version, their runs decided: late rows are
- * settled DEAD (LATE_VERSION), rows after a hole RELEASED. */
+ * relay/sql/lock.sql, lock_none.sql), which it takes; NULL out of memory (the answer is
+ * then freed, and the caller must treat its rows as of unknown fate). The
+ * rows it deferred are left out (they are not locked); the others come
+ * ordered by aggregate and version, their runs decided: late rows are
+ * settled DEAD (LATE_VERSION), rows after a hole RELEASED. The batch may be
+ * empty. */
 struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, long lock_gen,
                         double now);
 

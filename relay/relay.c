@@ -4,6 +4,7 @@
 #include "relay.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +81,7 @@ struct conn {
         struct db *db;
         double retry_at; /* no connect before this (backoff) */
         int backoff_ms;
-        int failures; /* connects failed in a row */
+        int failures;   /* connects failed in a row */
         int restarting; /* closed on purpose: a fresh session cures a statement */
         char why[256];
 };
@@ -112,7 +113,7 @@ struct relay {
         struct kafka *kafka;
         struct conn conns[C_COUNT];
         struct stmt_state stmts[RELAY_SQL_COUNT];
-        int lock_stmt; /* enum relay_sql: the lock statement of OUTBOX_ORDERING */
+        int lock_stmt;                /* enum relay_sql: the lock statement of OUTBOX_ORDERING */
         struct batch *batches, *last; /* oldest first */
         size_t nbatches;
         long long rows_open; /* locked, not yet marked */
@@ -120,14 +121,14 @@ struct relay {
         double row_bytes; /* recent rows' average size (0: none yet) */
 
         /* locking and fetching (the lock connection) */
-        int lock_wanted;         /* something may have become due: lock soon */
-        double next_lock;        /* lock at the latest then (the poll interval) */
-        double lock_not_before;  /* after a short batch, not before this */
-        int lock_limit;          /* the lock statement in flight asked for this many */
-        long lock_gen;           /* db_connects() of the lock connection when it was sent */
-        struct batch *fetching;  /* the batch the fetch in flight is for */
-        int fetch_one;           /* fetch rows one at a time (a fetch failed) */
-        struct buf list;         /* parameter text */
+        int lock_wanted;        /* something may have become due: lock soon */
+        double next_lock;       /* lock at the latest then (the poll interval) */
+        double lock_not_before; /* after a short batch, not before this */
+        int lock_limit;         /* the lock statement in flight asked for this many */
+        long lock_gen;          /* db_connects() of the lock connection when it was sent */
+        struct batch *fetching; /* the batch the fetch in flight is for */
+        int fetch_one;          /* fetch rows one at a time (a fetch failed) */
+        struct buf list, list2; /* parameter text */
         long long hot[HOT_KEYS_MAX];
 
         /* marking (the mark connection) */
@@ -142,7 +143,7 @@ struct relay {
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
         double next_sample, sample_started;
         int sample_slow;
-        long long gap_keys[GAP_LOG_MAX];
+        long long gap_keys[GAP_LOG_MAX], gap_held[GAP_LOG_MAX]; /* gaps: keys, held versions */
         size_t ngap_keys;
         unsigned long long gaps_seen[GAP_SEEN_MAX];
         size_t ngaps_seen;
@@ -258,13 +259,14 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
         if (r->stopping)
                 retry = LIFECYCLE_STOP_RETRY_MS;
         cn->retry_at = now + retry / 1000.0;
-        cn->backoff_ms = cn->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS
-                                                               : cn->backoff_ms * 2;
+        cn->backoff_ms =
+                cn->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : cn->backoff_ms * 2;
         if (db_async_too_old(db))
                 r->too_old = 1;
         if (cn->failures == 1 || strcmp(cn->why, why) != 0)
-                log_warn("db", db_async_table_missing(db) ? "table missing, retrying"
-                                                          : "database connection down, retrying",
+                log_warn("db",
+                         db_async_table_missing(db) ? "table missing, retrying"
+                                                    : "database connection down, retrying",
                          "connection=%s retry_ms=%d err=%s", conn_names[c], retry, why);
         snprintf(cn->why, sizeof cn->why, "%s", why);
 forget:
@@ -404,8 +406,8 @@ static void serve_kafka(struct relay *r, double now) {
                 for (size_t i = 0; i < b->n; i++)
                         if (b->rows[i].stage == ROW_PRODUCED && b->rows[i].produced_at < oldest)
                                 oldest = b->rows[i].produced_at;
-        if (!r->purged && now - oldest > kafka_delivery_timeout_ms(r->kafka) / 1000.0 +
-                                                   DELIVERY_SLACK_S) {
+        if (!r->purged &&
+            now - oldest > kafka_delivery_timeout_ms(r->kafka) / 1000.0 + DELIVERY_SLACK_S) {
                 kafka_purge(r->kafka);
                 r->purged = 1;
         }
@@ -450,16 +452,16 @@ static int produce_row(struct relay *r, struct batch *b, size_t i, double now) {
                 return 0;
         }
         struct kafka_result res;
-        int rc = kafka_produce(r->kafka, m.topic, m.key, m.key_len, m.value, m.value_len,
-                               m.headers, m.header_count, w, &res);
+        int rc = kafka_produce(r->kafka, m.topic, m.key, m.key_len, m.value, m.value_len, m.headers,
+                               m.header_count, w, &res);
         if (rc == KAFKA_FULL)
                 return 1;
         if (rc != 0) {
                 w->permanent = res.permanent;
-                batch_settle(b, i,
-                             decide_failure(res.permanent, 0, w->ev.attempt_count,
-                                            r->cfg->max_attempts),
-                             res.code, res.message);
+                batch_settle(
+                        b, i,
+                        decide_failure(res.permanent, 0, w->ev.attempt_count, r->cfg->max_attempts),
+                        res.code, res.message);
                 return 0;
         }
         metrics_observe(M_EVENT_SIZE, (double)m.value_len);
@@ -503,12 +505,16 @@ static void produce(struct relay *r, double now) {
 
 /* ---- locking and fetching (the lock connection) --------------------------- */
 
-/* The aggregates this relay has a run of versions in flight for (their
- * queued versions would fill the lock window), as a bigint[] literal. */
-static int hot_keys(struct relay *r, struct buf *out) {
+/* The aggregates the lock window leaves out, as two bigint[] literals
+ * (keys, from which version): those this relay has a run of versions in
+ * flight for (their queued versions would fill the window), from any
+ * version; those a version gap holds, from the held version (the missing
+ * one, when it comes, is below it). */
+static int exclusions(struct relay *r, struct buf *keys, struct buf *from) {
         size_t n = 0;
-        buf_reset(out);
-        if (buf_append(out, "{", 1))
+        buf_reset(keys);
+        buf_reset(from);
+        if (buf_append(keys, "{", 1) || buf_append(from, "{", 1))
                 return -1;
         for (struct batch *b = r->batches; b && n < HOT_KEYS_MAX; b = b->next)
                 for (size_t i = 0; i < b->n && n < HOT_KEYS_MAX; i++) {
@@ -521,10 +527,15 @@ static int hot_keys(struct relay *r, struct buf *out) {
                         if (seen)
                                 continue;
                         r->hot[n++] = w->key;
-                        if (buf_appendf(out, "%s%lld", n > 1 ? "," : "", w->key))
+                        if (buf_appendf(keys, "%s%lld", n > 1 ? "," : "", w->key) ||
+                            buf_appendf(from, "%s%lld", n > 1 ? "," : "", LLONG_MIN))
                                 return -1;
                 }
-        return buf_append(out, "}", 1);
+        for (size_t g = 0; g < r->ngap_keys; g++, n++)
+                if (buf_appendf(keys, "%s%lld", n ? "," : "", r->gap_keys[g]) ||
+                    buf_appendf(from, "%s%lld", n ? "," : "", r->gap_held[g]))
+                        return -1;
+        return buf_append(keys, "}", 1) || buf_append(from, "}", 1);
 }
 
 /* How many rows the next lock may take: a batch, within what the relay may
@@ -542,15 +553,19 @@ static int lock_limit(const struct relay *r) {
 static int send_lock(struct relay *r, int limit, double now) {
         char err[512], lim[16];
         snprintf(lim, sizeof lim, "%d", limit);
-        const char *params[3] = {r->cfg->relay_id, lim, "{}"};
+        const char *params[5] = {r->cfg->relay_id, lim, NULL, NULL,
+                                 r->cfg->ordering == ORDERING_INCREASING ? "increasing"
+                                                                         : "aggregate"};
         int n = 2;
-        if (r->lock_stmt != RELAY_SQL_LOCK_NONE) {
-                if (hot_keys(r, &r->list) != 0)
+        if (r->lock_stmt == RELAY_SQL_LOCK) {
+                if (exclusions(r, &r->list, &r->list2) != 0)
                         return -1;
                 params[2] = r->list.data;
-                n = 3;
+                params[3] = r->list2.data;
+                n = 5;
         }
-        if (db_async_send(db_of(r, C_LOCK), r->lock_stmt, n, params, 1, now, err, sizeof err) != 0) {
+        if (db_async_send(db_of(r, C_LOCK), r->lock_stmt, n, params, 1, now, err, sizeof err) !=
+            0) {
                 conn_down(r, C_LOCK, err, now);
                 return -1;
         }
@@ -608,6 +623,10 @@ static void lock_or_fetch(struct relay *r, double now) {
         health_holding_full(r->health, limit == 0);
         if (limit > 0)
                 send_lock(r, limit, now);
+        else
+                log_debug("relay", "not locking: holding as many rows as it may",
+                          "rows_held=%lld bytes_held=%lld batches=%zu", r->rows_open, r->bytes_held,
+                          r->nbatches);
 }
 
 /* Learns the size of the rows a lock took (their average, half-weighted
@@ -639,10 +658,21 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         metrics_set(M_LAST_LOCK_TIMESTAMP, NULL, clock_wall_s());
         int n = db_result_rows(res);
         if (n == 0) {
+                log_debug("relay", "locked", "rows=0 limit=%d rows_held=%lld", r->lock_limit,
+                          r->rows_open);
                 db_result_free(res);
                 return;
         }
         struct batch *b = batch_new(res, (enum config_ordering)r->cfg->ordering, r->lock_gen, now);
+        if (b)
+                log_debug("relay", "locked", "rows=%zu deferred=%zu limit=%d rows_held=%lld", b->n,
+                          (size_t)n - b->n, r->lock_limit, r->rows_open);
+        if (b && b->n == 0) {
+                /* every row it returned was deferred: the window changed */
+                batch_free(b);
+                r->lock_wanted = 1;
+                return;
+        }
         if (!b) {
                 log_error("relay", "out of memory for a batch: its rows go back to the sweeper",
                           "rows=%d", n);
@@ -661,7 +691,7 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         learn_row_bytes(r, b);
         b->dirty = 1;
         if (n >= r->lock_limit)
-                r->lock_wanted = 1; /* a full batch: more may be due at once */
+                r->lock_wanted = 1; /* a full window: more may be due at once */
         else
                 r->lock_not_before = now + LOCK_AGAIN_S;
 }
@@ -670,8 +700,8 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         struct batch *b = r->fetching;
         r->fetching = NULL;
         if (!db_result_ok(res)) {
-                if (*db_result_sqlstate(res) && db_fault_of(db_result_sqlstate(res)) ==
-                                                        DB_FAULT_STATEMENT) {
+                if (*db_result_sqlstate(res) &&
+                    db_fault_of(db_result_sqlstate(res)) == DB_FAULT_STATEMENT) {
                         if (!r->fetch_one) {
                                 /* something in one row: fetch them one by one to find it */
                                 r->fetch_one = 1;
@@ -718,7 +748,7 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
 
 /* The statement that marks outcome `m`. */
 static int mark_stmt(enum decide_mark m) {
-        return m == DECIDE_PUBLISHED ? RELAY_SQL_MARK_PUBLISHED
+        return m == DECIDE_PUBLISHED  ? RELAY_SQL_MARK_PUBLISHED
                : m == DECIDE_RELEASED ? RELAY_SQL_MARK_RELEASED
                                       : RELAY_SQL_MARK_UNPUBLISHED;
 }
@@ -1069,7 +1099,8 @@ static void gaps_found(struct relay *r, const struct db_result *res) {
         metrics_set(M_VERSION_GAP_AGE, NULL, n ? value_f(res, 0, 5) : 0);
         r->ngap_keys = 0;
         for (int k = 0; k < n && r->ngap_keys < GAP_LOG_MAX; k++) {
-                r->gap_keys[r->ngap_keys++] = db_int(db_result_value(res, k, 6), 8);
+                r->gap_keys[r->ngap_keys] = db_int(db_result_value(res, k, 6), 8);
+                r->gap_held[r->ngap_keys++] = db_int(db_result_value(res, k, 3), 8);
                 if (!gap_is_new(r, gap_hash(res, k)))
                         continue;
                 long long held = db_int(db_result_value(res, k, 3), 8);
@@ -1078,8 +1109,7 @@ static void gaps_found(struct relay *r, const struct db_result *res) {
                          "tenant_id=%s aggregate_type=%s aggregate_id=%s held_version=%lld "
                          "missing_from=%lld missing_to=%lld age_s=%.0f",
                          db_result_value(res, k, 0), db_result_value(res, k, 1),
-                         db_result_value(res, k, 2), held, prev + 1, held - 1,
-                         value_f(res, k, 5));
+                         db_result_value(res, k, 2), held, prev + 1, held - 1, value_f(res, k, 5));
         }
 }
 
@@ -1217,8 +1247,8 @@ static void report_health(struct relay *r, double now) {
                 if (db_async_table_missing(r->conns[c].db))
                         missing = r->conns[c].why;
         }
-        health_set(r->health, H_DATABASE, up || missing, "%s%s", up ? "" : "connecting: ",
-                   missing ? "connected" : why);
+        health_set(r->health, H_DATABASE, up || missing, "%s%s",
+                   up ? "" : "connecting: ", missing ? "connected" : why);
         if (missing)
                 health_set(r->health, H_TABLE, 0, "%s", missing);
         else if (up)
@@ -1358,9 +1388,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->cfg = cfg;
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
-        r->lock_stmt = cfg->ordering == ORDERING_NONE         ? RELAY_SQL_LOCK_NONE
-                       : cfg->ordering == ORDERING_INCREASING ? RELAY_SQL_LOCK_INCREASING
-                                                              : RELAY_SQL_LOCK_AGGREGATE;
+        r->lock_stmt = cfg->ordering == ORDERING_NONE ? RELAY_SQL_LOCK_NONE : RELAY_SQL_LOCK;
         r->health = health_new(health_names, H_COUNT,
                                2.0 * cfg->poll_interval_ms / 1000.0 +
                                        cfg->statement_timeout_ms / 1000.0);
@@ -1450,6 +1478,7 @@ void relay_destroy(struct relay *r) {
         for (int k = 0; k < 6; k++)
                 buf_free(&r->mp[k]);
         buf_free(&r->list);
+        buf_free(&r->list2);
         free(r->marking);
         free(r);
 }

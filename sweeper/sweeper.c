@@ -168,8 +168,7 @@ static int ensure_db(struct sweeper *s, volatile sig_atomic_t *stop) {
                 health_set(s->health, H_DATABASE, missing, "%s",
                            missing ? "connected" : "cannot connect (see the log)");
                 if (missing)
-                        health_set(s->health, H_TABLE, 0, "table %s does not exist",
-                                   s->cfg->table);
+                        health_set(s->health, H_TABLE, 0, "table %s does not exist", s->cfg->table);
                 return -1;
         }
         health_set(s->health, H_DATABASE, 1, "connected");

@@ -3,9 +3,8 @@
  *
  * usage: outbox-bench-sqlcycle drain URL TABLE BATCH CLIENTS TOTAL
  *            CLIENTS threads, each with its own connection, repeat the
- *            relay's lock (relay/sql/lock_aggregate.sql, the default
- *            ordering), its fetch and its mark with every outcome PUBLISHED
- *            until TOTAL rows have been marked by all of them together.
+ *            relay's lock (relay/sql/lock.sql, the default ordering), its fetch and its mark with
+ * every outcome PUBLISHED until TOTAL rows have been marked by all of them together.
  *        outbox-bench-sqlcycle lock URL TABLE BATCH REPS
  *            one client: REPS lock+fetch+mark cycles, each statement timed.
  *
@@ -51,9 +50,9 @@ static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s
         struct buf tids = {0}, ids = {0};
         long n = -1;
         snprintf(lim, sizeof lim, "%d", batch);
-        const char *lp[3] = {rid, lim, "{}"};
+        const char *lp[5] = {rid, lim, "{}", "{}", "aggregate"};
         double t0 = clock_mono_s();
-        struct db_result *lock = db_exec(db, RELAY_SQL_LOCK_AGGREGATE, 3, lp, 1, err, sizeof err);
+        struct db_result *lock = db_exec(db, RELAY_SQL_LOCK, 5, lp, 1, err, sizeof err);
         struct db_result *fetch = NULL, *mark = NULL;
         if (!lock || !db_result_ok(lock)) {
                 fprintf(stderr, "sqlcycle: lock: %s\n", lock ? db_result_error(lock) : err);
@@ -75,7 +74,8 @@ static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s
                 const char *fp[4] = {tids.data, rid, "16777216", "1000000"};
                 fetch = db_exec(db, RELAY_SQL_FETCH, 4, fp, 1, err, sizeof err);
                 if (!fetch || !db_result_ok(fetch)) {
-                        fprintf(stderr, "sqlcycle: fetch: %s\n", fetch ? db_result_error(fetch) : err);
+                        fprintf(stderr, "sqlcycle: fetch: %s\n",
+                                fetch ? db_result_error(fetch) : err);
                         n = -1;
                         goto out;
                 }
@@ -86,8 +86,7 @@ static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s
                 const char *mp[3] = {rid, tids.data, ids.data};
                 mark = db_exec(db, RELAY_SQL_MARK_PUBLISHED, 3, mp, 1, err, sizeof err);
                 if (!mark || !db_result_ok(mark) || db_result_rows(mark) != n) {
-                        fprintf(stderr, "sqlcycle: mark: %s\n",
-                                mark ? db_result_error(mark) : err);
+                        fprintf(stderr, "sqlcycle: mark: %s\n", mark ? db_result_error(mark) : err);
                         n = -1;
                         goto out;
                 }
@@ -116,8 +115,7 @@ static struct db *open_db(const char *rid) {
                                .fixed_plans = 1,
                                .sql = relay_sql,
                                .nsql = RELAY_SQL_COUNT,
-                               .prepare = 1ULL << RELAY_SQL_LOCK_AGGREGATE |
-                                          1ULL << RELAY_SQL_FETCH |
+                               .prepare = 1ULL << RELAY_SQL_LOCK | 1ULL << RELAY_SQL_FETCH |
                                           1ULL << RELAY_SQL_MARK_PUBLISHED};
         if (!db || db_async_configure(db, &s) != 0 || db_connect(db, err, sizeof err) != 0) {
                 fprintf(stderr, "sqlcycle: connect: %s\n", db ? err : "out of memory");

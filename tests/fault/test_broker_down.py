@@ -175,12 +175,13 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
            len(rows))
 
 
-def test_batch_locked_ahead_is_released_when_held_too_long(db, own_kafka, tmp_path, report):
-    """The relay locks its next batch while one is in flight. With the broker
-    down, the batch in flight waits out a delivery timeout longer than the
-    relay keeps a batch locked ahead (5 s): that batch goes back unproduced,
-    its attempt not counted, and is locked again later. Nothing is lost, and
-    order holds."""
+def test_versions_after_a_failed_one_go_back_unattempted(db, own_kafka, tmp_path, report):
+    """The relay locks more batches while some are in flight, and an
+    aggregate's versions in one batch go out one after the other. With the
+    broker down, version 1 of each aggregate waits out the delivery timeout
+    and fails: version 2, never produced, goes back unattempted (its attempt
+    not counted) and is locked again later, behind version 1's retry.
+    Nothing is lost, and order holds."""
     kafka = own_kafka
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
@@ -191,13 +192,13 @@ def test_batch_locked_ahead_is_released_when_held_too_long(db, own_kafka, tmp_pa
         rows = make_events(aggregates=300, versions=2, id_prefix="a")
         db.insert_events(rows)
         wait_until(lambda: check_audit(db).releases[("relay", "RELEASED")] > 0, 30,
-                   what="a batch locked ahead released while the broker is down")
+                   what="versions given back while the broker is down")
         kafka.up()
         counts = wait_quiet(db, 90, "all rows PUBLISHED after the broker came back")
         assert relay.stop() == 0
         log = relay.log_text()
     assert counts["PUBLISHED"] == len(warm) + len(rows), counts
-    assert "releasing a batch locked ahead: held too long" in log
+    assert "events failed, will retry" in log
 
     table = db.rows()
     audit = check_audit(db)
@@ -210,6 +211,6 @@ def test_batch_locked_ahead_is_released_when_held_too_long(db, own_kafka, tmp_pa
     kc, problems = check_kafka(kafka, [topic], table, dup_allowed=dup_ok)
     assert not problems, problems
     assert len(kc.ids) == len(table)
-    report("broker down past a 7s delivery timeout: %d rows locked ahead went back unattempted "
+    report("broker down past a 7s delivery timeout: %d versions went back unattempted "
            "(attempt_count restored); all %d PUBLISHED after up; kafka: %d messages, order ok",
            released, len(table), len(kc.msgs))

@@ -23,8 +23,7 @@ SESSION = ("SET jit = off; SET plan_cache_mode = force_generic_plan;"
 
 # Test values for each statement's parameters ($1 ...), by statement name.
 PARAMS = {
-    "lock_aggregate": ["'r1'", "500", "'{}'::bigint[]"],
-    "lock_increasing": ["'r1'", "500", "'{}'::bigint[]"],
+    "lock": ["'r1'", "500", "'{}'::bigint[]", "'{}'::bigint[]", "'aggregate'"],
     "lock_none": ["'r1'", "500"],
     "fetch": ["'{\"(0,1)\"}'::tid[]", "'r1'", "4194304", "1000000"],
     "mark_published": ["'r1'", "'{\"(0,1)\"}'::tid[]",
@@ -105,7 +104,7 @@ def shape(node):
     return out
 
 
-@pytest.mark.parametrize("name", ["lock_aggregate", "lock_increasing", "lock_none"])
+@pytest.mark.parametrize("name", ["lock", "lock_none"])
 def test_lock_plans_do_not_depend_on_statistics(pg, name):
     # 100k pending rows over 2000 aggregates, written in transactions of 100 as
     # a burst would; the first 500 already published so the guard has

@@ -232,8 +232,9 @@ Test(http, healthz_200_right_after_start) {
 static int test_ready;
 static int ready_fn(void *arg, struct buf *body) {
         (void)arg;
-        return buf_appendf(body, "{\"ready\":%s,\"conditions\":{\"test\":{\"ok\":%s,"
-                                 "\"reason\":\"set by the test\"}}}\n",
+        return buf_appendf(body,
+                           "{\"ready\":%s,\"conditions\":{\"test\":{\"ok\":%s,"
+                           "\"reason\":\"set by the test\"}}}\n",
                            test_ready ? "true" : "false", test_ready ? "true" : "false")
                        ? -1
                        : test_ready;

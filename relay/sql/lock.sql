@@ -1,20 +1,24 @@
--- lock_increasing: locks the next batch under OUTBOX_ORDERING=increasing
+-- lock: locks the next batch under OUTBOX_ORDERING=aggregate or increasing
 -- (docs/DESIGN.md, "Status machine" steps 1 and 2, "Per-aggregate order").
 --   $1 text      relay id (locked_by)
 --   $2 int       rows at most
---   $3 bigint[]  aggregate keys to leave out (aggregates this relay has in flight)
--- Returns the locked rows: ctid after the lock, outbox_id, attempt_count,
+--   $3 bigint[]  keys of aggregates to leave out from a version on: those this
+--   $4 bigint[]  relay has in flight (from the lowest bigint), those a gap
+--                holds (from the held version); in pairs
+--   $5 text      the ordering: aggregate or increasing
+-- Returns the rows it locked: ctid after the lock, outbox_id, attempt_count,
 -- late_after (a published version above the row's run: the row goes DEAD
 -- unsent), the aggregate and version, size (what the row weighs as stored:
--- the fetch measures its text), the aggregate's key.
+-- the fetch measures its text), the aggregate's key; and the rows it moved
+-- back (deferred true, see below), which the relay does not hold.
 --
 -- Plan: one index scan of outbox_event_due_idx (the window), a TID probe per
 -- row (visible), one sort of the window by aggregate, then per aggregate at
 -- most three probes of outbox_event_agg_idx (gated: they run on the
--- aggregate's head row only),
--- then the update by ctid. The session turns off the plan types this
--- statement never wants (sequential and bitmap scans, sorts an index can
--- replace, hash and merge joins), so no statistics can change its shape.
+-- aggregate's head row only), then the update by ctid. The session turns off
+-- the plan types this statement never wants (sequential and bitmap scans,
+-- sorts an index can replace, hash and merge joins), so no statistics can
+-- change its shape.
 --
 -- An aggregate's key is a 64-bit hash of (tenant_id, aggregate_type,
 -- aggregate_id): the probes compare integers. Every probe also checks the
@@ -24,7 +28,9 @@ WITH horizon AS MATERIALIZED (
   -- every transaction older than this has ended
   SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
 window_rows AS MATERIALIZED (
-  -- the oldest due rows, lower versions first among rows due at once
+  -- the oldest due rows, lower versions first among rows due at once; under
+  -- increasing only rows every older transaction of which has ended (a
+  -- version still being written below them would be in sight)
   SELECT o.ctid AS tid, o.tenant_id, o.aggregate_type, o.aggregate_id,
          o.aggregate_version AS v, o.txid,
          hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
@@ -32,11 +38,12 @@ window_rows AS MATERIALIZED (
   FROM :table o
   WHERE o.published_at IS NULL AND o.status IN ('PENDING', 'FAILED')
     AND o.available_at <= now() /* test: lock pause */
-    -- only rows every older transaction of which has ended: a version still
-    -- being written below them would be in sight
-    AND (o.txid IS NULL OR o.txid < (SELECT xmin FROM horizon))
-    AND hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
-          hashtextextended(o.tenant_id, 0))) <> ALL ($3::bigint[])
+    AND ($5 = 'aggregate' OR o.txid IS NULL OR o.txid < (SELECT xmin FROM horizon))
+    AND NOT EXISTS (
+      SELECT 1 FROM unnest($3::bigint[], $4::bigint[]) AS x(k, from_v)
+      WHERE x.k = hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
+                    hashtextextended(o.tenant_id, 0)))
+        AND o.aggregate_version >= x.from_v)
   ORDER BY o.available_at, o.aggregate_version
   LIMIT $2
   FOR UPDATE OF o SKIP LOCKED),
@@ -55,13 +62,14 @@ aggregates AS (
   FROM visible w
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
-  SELECT r.*, prev.v AS prev_v, prev.published AS prev_published,
+  SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
          next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
   -- that version an unpublished one first
   LEFT JOIN LATERAL (
-    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
+    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
+           p.available_at AS due
     FROM :table p
     WHERE r.head
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
@@ -91,9 +99,9 @@ probed AS (
              p.aggregate_version, (p.published_at IS NULL)
     LIMIT 1) next ON true
   -- with several rows in the window: the unpublished rows between its lowest
-  -- and highest version, to tell whether the window holds them all
-  -- (counted in the scan, not filtered: a filter on published_at would let
-  -- the planner choose the due index by its statistics)
+  -- and highest version, to tell whether the window holds them all (counted
+  -- in the scan, not filtered: a filter on published_at would let the
+  -- planner choose the due index by its statistics)
   LEFT JOIN LATERAL (
     SELECT count(*) FILTER (WHERE p.published_at IS NULL) AS n
     FROM :table p
@@ -107,28 +115,51 @@ probed AS (
 decided AS (
   -- what the head's probes say, for every row of the aggregate:
   --   late_after  a version above the window is published already
-  --   go          the aggregate's previous version is published, or there is
+  --   go          aggregate: the lowest version follows the aggregate's
+  --               previous one (published, one below), or there is none and
+  --               it is version 1 or every older transaction has ended;
+  --               increasing: the previous version is published or there is
   --               none (versions only increase: gaps are normal)
   --   all_in      the window holds every unpublished row of its range
+  --   defer_to    the previous version waits for its retry (FAILED, due
+  --               later): the aggregate's rows move to its due time, behind
+  --               it, so they do not fill the window while it waits
   SELECT d.tid, d.v, d.lo, d.k,
          max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS late_after,
-         bool_or(d.head AND (d.prev_v IS NULL OR d.prev_published)) OVER a AS go,
-         bool_and(NOT d.head OR d.n = 1 OR d.n_unpublished = d.n) OVER a AS all_in
+         bool_or(d.head AND CASE WHEN $5 = 'aggregate' THEN
+           (d.prev_v IS NULL
+            AND (d.lo = 1 OR d.txid IS NULL OR d.txid < (SELECT xmin FROM horizon)))
+           OR (d.prev_published AND d.prev_v + 1 = d.lo)
+           ELSE d.prev_v IS NULL OR d.prev_published END) OVER a AS go,
+         bool_and(NOT d.head OR d.n = 1 OR d.n_unpublished = d.n) OVER a AS all_in,
+         max(d.prev_due) FILTER (WHERE d.head AND NOT d.prev_published
+                                 AND d.prev_due > now() AND d.prev_due < 'infinity')
+           OVER a AS defer_to
   FROM probed d
-  WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id))
--- Rows of a late aggregate are locked to go DEAD unsent; otherwise the
--- aggregate's rows go when its lowest version may, all of them when the
--- window holds its whole range, else the lowest version's only. The relay
--- sends a run's versions one after the other, each once the one before it
--- was acknowledged, and gives back what follows a hole in the run.
+  WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id)),
+chosen AS (
+  -- Rows of a late aggregate are locked to go DEAD unsent; otherwise an
+  -- aggregate's rows go when its lowest version may, all of them when the
+  -- window holds its whole range, else the lowest version's only (the relay
+  -- sends a run's versions one after the other, each once the one before it
+  -- was acknowledged, and gives back what follows a hole in the run); or
+  -- they are deferred
+  SELECT c.tid, c.k, c.late_after,
+         c.late_after IS NULL AND NOT c.go AND c.defer_to IS NOT NULL AS deferred, c.defer_to
+  FROM decided c
+  WHERE c.late_after IS NOT NULL OR (c.go AND (c.all_in OR c.v = c.lo))
+     OR c.defer_to IS NOT NULL)
 UPDATE :table o
-SET status = 'PUBLISHING', locked_by = $1, locked_at = now(), last_attempt_at = now(),
-    attempt_count = CASE WHEN o.attempt_count < 2147483647 THEN o.attempt_count + 1
-                         ELSE o.attempt_count END,
+SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
+    locked_by = CASE WHEN c.deferred THEN o.locked_by ELSE $1 END,
+    locked_at = CASE WHEN c.deferred THEN o.locked_at ELSE now() END,
+    last_attempt_at = CASE WHEN c.deferred THEN o.last_attempt_at ELSE now() END,
+    available_at = CASE WHEN c.deferred THEN c.defer_to ELSE o.available_at END,
+    attempt_count = CASE WHEN c.deferred OR o.attempt_count = 2147483647 THEN o.attempt_count
+                         ELSE o.attempt_count + 1 END,
     updated_at = clock_timestamp()
-FROM decided c
+FROM chosen c
 WHERE o.ctid = c.tid
-  AND (c.late_after IS NOT NULL OR (c.go AND (c.all_in OR c.v = c.lo)))
 RETURNING o.ctid, o.outbox_id, o.attempt_count, c.late_after,
   o.tenant_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
   coalesce(pg_column_size(o.payload_json), 0)::bigint + pg_column_size(o.headers_json)
@@ -137,4 +168,4 @@ RETURNING o.ctid, o.outbox_id, o.attempt_count, c.late_after,
   + coalesce(octet_length(o.topic_name), 0)::bigint + coalesce(octet_length(o.partition_key), 0)
   + coalesce(octet_length(o.event_key), 0)::bigint + coalesce(octet_length(o.correlation_id), 0)
   + coalesce(octet_length(o.causation_id), 0)::bigint + coalesce(octet_length(o.trace_id), 0)
-  AS size, c.k
+  AS size, c.k, c.deferred
