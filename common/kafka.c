@@ -104,6 +104,10 @@ static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
 
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
         (void)rk;
+        /* A broker connection's failure comes to the error callback too
+         * (on_error logs it, with its code): logged once. */
+        if (!strcmp(fac, "FAIL"))
+                level = 7;
         enum log_level l = level <= 3   ? LOG_ERROR
                            : level <= 4 ? LOG_WARN
                            : level <= 6 ? LOG_INFO

@@ -214,6 +214,8 @@ def test_registry_down_rows_fail_retriably_then_publish(db, kafka, tmp_path):
                                       relay.log_text()))
             wait_until(lambda: registry_failures() >= 3, 60, what="three failed attempts")
             wait_until(lambda: db.count("status = 'FAILED'") == 5, 10, what="rows FAILED")
+            wait_until(lambda: db.count("status = 'PUBLISHED'") == 1, 20,
+                       what="the tombstone PUBLISHED")
             counts = db.status_counts()
             assert counts["DEAD"] == 0 and counts["PUBLISHED"] == 1, counts
             failed = db.rows(where="status = 'FAILED'")
