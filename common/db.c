@@ -32,17 +32,6 @@ struct db *db_new(const char *url, const char *table, const char *relay_id) {
         return db;
 }
 
-int db_set_admin(struct db *db, const char *topic_template) {
-        char *t = strdup(topic_template);
-        if (!t)
-                return -1;
-        free(db->topic_template);
-        db->topic_template = t;
-        db->admin = 1;
-        db->after_connect = db_admin_prepare;
-        return 0;
-}
-
 int db_connected(const struct db *db) {
         return db->conn && PQstatus(db->conn) == CONNECTION_OK &&
                (db->phase == DB_IDLE || db->phase == DB_BUSY);

@@ -5,7 +5,7 @@
  * temp table at connect, replay's and reconcile's once their temp tables
  * exist. Every statement that changes rows is one statement (its own
  * transaction). Timestamps come out as RFC 3339 in UTC (RFC3339 below). */
-#include "db.h"
+#include "db_admin.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -1060,4 +1060,15 @@ int db_reconcile_examples(struct db *db, enum db_reconcile_kind kind, long long 
                                    [DB_RC_DUPLICATES] = C_DUPLICATES,
                                    [DB_RC_UNKNOWN] = C_UNKNOWN};
         return limited_rows(db, &reconcile_stmts[stmt[kind]], limit, out, errstr, errstr_size);
+}
+
+int db_set_admin(struct db *db, const char *topic_template) {
+        char *t = strdup(topic_template);
+        if (!t)
+                return -1;
+        free(db->topic_template);
+        db->topic_template = t;
+        db->admin = 1;
+        db->after_connect = db_admin_prepare;
+        return 0;
 }

@@ -7,7 +7,7 @@
  * in the same schema, one row per migration, in the migration's own
  * transaction. A session advisory lock keeps two migrating sessions of a
  * database apart. */
-#include "db.h"
+#include "db_admin.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 
 #include "config.h"
 #include "ctl_args.h"
-#include "db.h"
+#include "db_admin.h"
 
 struct ctl {
         const struct config *cfg;

@@ -5,7 +5,7 @@
 
 #include <stdio.h>
 
-#include "db.h"
+#include "db_admin.h"
 #include "encode.h"
 
 /* Writes r as psql's aligned format: a header, a rule, the rows (numbers

@@ -7,7 +7,7 @@
 #include "config.h"
 #include "ctl.h"
 #include "ctl_args.h"
-#include "db.h"
+#include "db_admin.h"
 #include "log.h"
 
 long long ctl_now_ms(void) {
