@@ -1,5 +1,6 @@
 /* Unit tests of encode: topic template, JSON envelope, headers. */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -192,4 +193,38 @@ Test(encode, utf8_clean) {
                 encode_utf8_clean(s);
                 cr_expect_str_eq(s, c[i].out, "case %zu", i);
         }
+}
+
+/* microseconds since 2000-01-01 of a UTC date and time */
+static long long us_of(long long days_since_2000, long long secs, long long us) {
+        return (days_since_2000 * 86400 + secs) * 1000000 + us;
+}
+
+Test(encode, rfc3339_of_a_timestamptz) {
+        char out[40];
+        cr_assert_eq(encode_rfc3339_us(0, out, sizeof out), 0);
+        cr_expect_str_eq(out, "2000-01-01T00:00:00.000000Z");
+        cr_assert_eq(encode_rfc3339_us(us_of(8887, 36000, 123456), out, sizeof out), 0);
+        cr_expect_str_eq(out, "2024-05-01T10:00:00.123456Z");
+        /* before 2000: negative, rounded towards the earlier second */
+        cr_assert_eq(encode_rfc3339_us(-1, out, sizeof out), 0);
+        cr_expect_str_eq(out, "1999-12-31T23:59:59.999999Z");
+        /* the first and the last instants RFC 3339 can write */
+        cr_assert_eq(encode_rfc3339_us(us_of(-730119, 0, 0), out, sizeof out), 0);
+        cr_expect_str_eq(out, "0001-01-01T00:00:00.000000Z");
+        cr_assert_eq(encode_rfc3339_us(us_of(2921939, 86399, 999999), out, sizeof out), 0);
+        cr_expect_str_eq(out, "9999-12-31T23:59:59.999999Z");
+}
+
+Test(encode, rfc3339_refuses_what_it_cannot_write) {
+        char out[40] = "x";
+        /* 'infinity', '-infinity', 1 BC, year 10000 */
+        cr_expect_eq(encode_rfc3339_us(INT64_MAX, out, sizeof out), -1);
+        cr_expect_str_eq(out, "");
+        cr_expect_eq(encode_rfc3339_us(INT64_MIN, out, sizeof out), -1);
+        cr_expect_eq(encode_rfc3339_us(us_of(-730119, 0, 0) - 1, out, sizeof out), -1);
+        cr_expect_eq(encode_rfc3339_us(us_of(2921940, 0, 0), out, sizeof out), -1);
+        /* PostgreSQL's own extremes (4713 BC, 294276 AD) */
+        cr_expect_eq(encode_rfc3339_us(-211813488000000000LL, out, sizeof out), -1);
+        cr_expect_eq(encode_rfc3339_us(9223371331200000000LL, out, sizeof out), -1);
 }
