@@ -14,7 +14,19 @@ function(outbox_embed_sql prefix dir header)
   foreach(f ${files})
     get_filename_component(name ${f} NAME_WE)
     string(TOUPPER ${name} NAME)
-    file(READ ${f} hex HEX)
+    # The text sent to the server: comments (-- to the end of a line; no
+    # statement holds -- inside a literal), indentation and blank lines left out,
+    # so pg_stat_activity and pg_stat_statements, which keep the first
+    # track_activity_query_size bytes, show the statement; a first line
+    # names it.
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${f})
+    file(READ ${f} text)
+    string(REGEX REPLACE "--[^\n]*" "" text "${text}")
+    string(REGEX REPLACE "[ \t]+\n" "\n" text "${text}")
+    string(REGEX REPLACE "\n[ \t]+" "\n" text "${text}")
+    string(REGEX REPLACE "\n\n+" "\n" text "${text}")
+    string(REGEX REPLACE "^\n+" "" text "${text}")
+    string(HEX "/* ${prefix}: ${name} */\n${text}" hex)
     string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
     string(APPEND enum "        ${PREFIX}_SQL_${NAME},\n")
     string(APPEND texts "static const char ${prefix}_sql_${name}[] = {${bytes} 0x00};\n")

@@ -13,7 +13,7 @@ from conftest import check_audit, check_kafka, relay_env, wait_quiet
 from harness import Relay, make_events, wait_until
 
 PAUSED = ("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-          " AND query LIKE '%%FOR UPDATE OF o SKIP LOCKED%%' AND query LIKE %s")
+          " AND query LIKE '/* relay: lock%%' AND query LIKE %s")
 
 
 def test_row_changed_during_the_lock_statement_holds_back_its_successors(

@@ -449,6 +449,16 @@ def test_replay_while_relays_publish_and_new_versions_commit(db, kafka, tmp_path
         t.join()
     try:
         wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+    except AssertionError as e:
+        left = db.execute("SELECT aggregate_version AS v, status, available_at, locked_by"
+                          " FROM %s WHERE status <> 'PUBLISHED'"
+                          " ORDER BY available_at, aggregate_version LIMIT 12" % db.table)
+        left = [(x["v"], x["status"], str(x["available_at"]), x["locked_by"]) for x in left]
+        below = db.execute("SELECT aggregate_version AS v, status, available_at, locked_by"
+                           " FROM %s WHERE aggregate_version < %%s"
+                           " ORDER BY aggregate_version DESC LIMIT 3" % db.table, (left[0][0],))
+        left += [(x["v"], x["status"], str(x["available_at"]), x["locked_by"]) for x in below]
+        raise AssertionError("%s; first rows left: %r" % (e, left)) from None
     finally:
         for rel in relays:
             assert rel.stop() == 0
@@ -467,7 +477,7 @@ def test_replay_while_relays_publish_and_new_versions_commit(db, kafka, tmp_path
 
 
 PAUSED = ("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
-          " AND query LIKE '%%FOR UPDATE OF o SKIP LOCKED%%' AND query LIKE %s")
+          " AND query LIKE '/* relay: lock%%' AND query LIKE %s")
 
 
 def test_replay_while_a_lock_statement_that_began_before_it_runs(db, kafka, tmp_path):
