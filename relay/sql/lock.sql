@@ -32,7 +32,7 @@ window_rows AS MATERIALIZED (
   -- increasing only rows every older transaction of which has ended (a
   -- version still being written below them would be in sight)
   SELECT o.ctid AS tid, o.tenant_id, o.aggregate_type, o.aggregate_id,
-         o.aggregate_version AS v, o.txid,
+         o.aggregate_version AS v, o.txid, o.available_at AS due,
          hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
            hashtextextended(o.tenant_id, 0))) AS k
   FROM :table o
@@ -58,18 +58,20 @@ aggregates AS (
   -- each row with its aggregate's lowest and highest version in the window;
   -- `head` marks one row per aggregate, the one that probes
   SELECT w.*, min(w.v) OVER a AS lo, max(w.v) OVER a AS hi, count(*) OVER a AS n,
+         min(w.due) OVER a AS min_due,
          w.tid = min(w.tid) OVER a AS head
   FROM visible w
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
   SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
+         prev.status AS prev_status,
          next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
   -- that version an unpublished one first
   LEFT JOIN LATERAL (
     SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
-           p.available_at AS due
+           p.available_at AS due, p.status
     FROM :table p
     WHERE r.head
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
@@ -121,9 +123,12 @@ decided AS (
   --               increasing: the previous version is published or there is
   --               none (versions only increase: gaps are normal)
   --   all_in      the window holds every unpublished row of its range
-  --   defer_to    the previous version waits for its retry (FAILED, due
-  --               later): the aggregate's rows move to its due time, behind
-  --               it, so they do not fill the window while it waits
+  --   defer_to    the previous version is unpublished, not in flight and due
+  --               after the lowest one here (a retry's backoff, or a row made
+  --               due again by a replay, a requeue or the sweeper): the
+  --               aggregate's rows move to its due time, behind it, so they
+  --               do not fill the window while it waits, and the window,
+  --               ordered by due time, reaches it
   SELECT d.tid, d.v, d.lo, d.k,
          max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS late_after,
          bool_or(d.head AND CASE WHEN $5 = 'aggregate' THEN
@@ -133,7 +138,8 @@ decided AS (
            ELSE d.prev_v IS NULL OR d.prev_published END) OVER a AS go,
          bool_and(NOT d.head OR d.n = 1 OR d.n_unpublished = d.n) OVER a AS all_in,
          max(d.prev_due) FILTER (WHERE d.head AND NOT d.prev_published
-                                 AND d.prev_due > now() AND d.prev_due < 'infinity')
+                                 AND d.prev_status <> 'PUBLISHING'
+                                 AND d.prev_due > d.min_due AND d.prev_due < 'infinity')
            OVER a AS defer_to
   FROM probed d
   WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id)),
@@ -154,7 +160,8 @@ SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
     locked_by = CASE WHEN c.deferred THEN o.locked_by ELSE $1 END,
     locked_at = CASE WHEN c.deferred THEN o.locked_at ELSE now() END,
     last_attempt_at = CASE WHEN c.deferred THEN o.last_attempt_at ELSE now() END,
-    available_at = CASE WHEN c.deferred THEN c.defer_to ELSE o.available_at END,
+    available_at = CASE WHEN c.deferred THEN greatest(o.available_at, c.defer_to)
+                        ELSE o.available_at END,
     attempt_count = CASE WHEN c.deferred OR o.attempt_count = 2147483647 THEN o.attempt_count
                          ELSE o.attempt_count + 1 END,
     updated_at = clock_timestamp()
