@@ -10,6 +10,7 @@
 
 #include "db_conninfo.h"
 #include "db_internal.h"
+#include "db_version.h"
 #include "encode.h"
 #include "errstr.h"
 #include "log.h"
@@ -263,6 +264,10 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         if (PQstatus(db->conn) != CONNECTION_OK) {
                 errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
                 db_conninfo_scrub(db->url, errstr); /* should libpq ever quote a secret */
+                goto out;
+        }
+        if (db_check_server_version(db->conn, errstr, errstr_size) != 0) {
+                rc = DB_ERR_SERVER_VERSION;
                 goto out;
         }
         PQsetNoticeReceiver(db->conn, on_notice, db);

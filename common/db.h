@@ -29,9 +29,13 @@ void db_set_order(struct db *db, enum db_order order);
  * longer. */
 void db_set_test_hooks(struct db *db, int lock_delay_ms, int sample_delay_ms);
 
-/* (Re)connects: opens the connection, resolves the table (schema and name),
- * LISTENs on its channel and prepares the statements. 0 or -1 (errstr set, no
- * password in it). */
+/* (Re)connects: opens the connection, checks the server's version, resolves
+ * the table (schema and name), LISTENs on its channel and prepares the
+ * statements. 0, or -1 (errstr set, no password in it), or
+ * DB_ERR_SERVER_VERSION: the server is older than the oldest PostgreSQL major
+ * the programs support (deploy/versions' PG_MIN_MAJOR), so connecting again
+ * cannot help (errstr names the version). */
+#define DB_ERR_SERVER_VERSION (-2)
 int db_connect(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Nonzero while the connection is believed good. */

@@ -186,15 +186,28 @@ void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t
                                                                    : *backoff_ms * 2;
 }
 
+static int server_refused;
+
+int lifecycle_refused(void) {
+        return server_refused;
+}
+
 int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                         volatile sig_atomic_t *stop) {
         char err[512];
         if (db_connected(db))
                 return 0;
-        if (db_connect(db, err, sizeof err) == 0) {
+        int rc = db_connect(db, err, sizeof err);
+        if (rc == 0) {
                 log_info("db", "connected", NULL);
                 *backoff_ms = LIFECYCLE_RECONNECT_MIN_MS;
                 return 0;
+        }
+        if (rc == DB_ERR_SERVER_VERSION) {
+                log_error("db", "database server not supported", "err=%s", err);
+                server_refused = 1;
+                *stop = 1;
+                return -1;
         }
         log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
                  lifecycle_retry_ms(*backoff_ms, stop), err);

@@ -89,7 +89,13 @@ int main(int argc, char **argv) {
                 log_error("outboxctl", "out of memory", NULL);
                 goto out;
         }
-        if (db_connect(db, err, sizeof err) != 0) {
+        int connected = db_connect(db, err, sizeof err);
+        if (connected == DB_ERR_SERVER_VERSION) {
+                log_error("db", "database server not supported", "err=%s", err);
+                rc = 2;
+                goto out;
+        }
+        if (connected != 0) {
                 log_error("db", "cannot connect", "err=%s", err);
                 goto out;
         }
