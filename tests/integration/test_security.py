@@ -174,10 +174,10 @@ def test_sasl_ssl_scram_sha_512_on_kafka_3(db, secured_kafka3, tmp_path, report)
            "%d messages published and read back", kafka_version(secured_kafka3), n)
 
 
-def test_scram_wrong_password_not_ready(db, secured, tmp_path, report):
-    refused(db, secured, tmp_path, report, "SCRAM-SHA-512",
-            "wrong-" + secured.sasl_password[:8],
-            "SCRAM-SHA-512 on Kafka %s, wrong password" % kafka_version(secured))
+def test_scram_wrong_password_not_ready(db, secured_kafka3, tmp_path, report):
+    refused(db, secured_kafka3, tmp_path, report, "SCRAM-SHA-512",
+            "wrong-" + secured_kafka3.sasl_password[:8],
+            "SCRAM-SHA-512 on Kafka %s, wrong password" % kafka_version(secured_kafka3))
 
 
 def test_wrong_password_not_ready_no_busy_loop_no_secret(db, secured, tmp_path, report):
