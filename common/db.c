@@ -190,7 +190,7 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
         for (;;) {
                 enum db_event ev = db_async_advance(db, clock_mono_s(), errstr, errstr_size);
                 if (ev == DB_EV_DOWN)
-                        return -1;
+                        return db_async_too_old(db) ? DB_ERR_SERVER_VERSION : -1;
                 if (ev == DB_EV_UP)
                         break;
                 double deadline = db_async_deadline(db);

@@ -28,7 +28,10 @@ struct db *db_new(const char *url, const char *table, const char *relay_id);
 /* Connects, blocking until the session is set up (db_async.h's set-up:
  * the SETs of db_async_configure(), the table resolved, its statements
  * prepared), then the sweeper's statements. 0 or -1 (errstr set, no
- * password in it). */
+ * password in it), or DB_ERR_SERVER_VERSION: the server is older than
+ * the oldest PostgreSQL major the programs support (deploy/versions'
+ * PG_MIN_MAJOR), so connecting again cannot help (errstr names the version). */
+#define DB_ERR_SERVER_VERSION (-2)
 int db_connect(struct db *db, char *errstr, size_t errstr_size) __attribute__((warn_unused_result));
 
 /* Nonzero while the connection is believed good. */

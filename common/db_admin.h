@@ -244,7 +244,7 @@ struct db_migration {
  * OUTBOX_TABLE names (it must exist), else the schema of the table
  * search_path finds, else the first schema of search_path that exists.
  * Copies its name into schema. 0, or -1 with errstr set (no password in
- * it). */
+ * it), or DB_ERR_SERVER_VERSION (db.h) for a server older than supported. */
 int db_migrate_connect(struct db *db, char *schema, size_t schema_size, char *errstr,
                        size_t errstr_size) __attribute__((warn_unused_result));
 

@@ -13,16 +13,13 @@
 
 #include "db_conninfo.h"
 #include "db_internal.h"
+#include "db_version.h"
 #include "errstr.h"
 #include "log.h"
 
 /* A connect (TCP, TLS, authentication, the session's set-up) that takes
  * longer than this is given up. */
 #define CONNECT_TIMEOUT_S 10.0
-/* The oldest server the relay's statements run on (docs/DESIGN.md,
- * "Supported versions"). */
-#define SERVER_VERSION_MIN 140000
-
 struct db_result {
         PGresult *r; /* NULL when the connection broke before an answer */
         char sqlstate[6];
@@ -203,8 +200,7 @@ static int send_session(struct db *db, char *errstr, size_t size) {
                              " SET enable_mergejoin = off; SET enable_material = off;")) ||
             buf_appendf(&q,
                         " SELECT n.nspname, c.relname, now()::text,"
-                        " current_setting('server_version_num')::int,"
-                        " current_setting('server_version')"
+                        " current_setting('server_version_num')::int"
                         " FROM (SELECT 1) one LEFT JOIN pg_class c ON c.oid = to_regclass(%s)"
                         " LEFT JOIN pg_namespace n ON n.oid = c.relnamespace",
                         lit)) {
@@ -226,15 +222,12 @@ out:
 /* Takes the table's quoted name and channel, the server's clock and version
  * from the set-up's last answer. */
 static int read_session(struct db *db, PGresult *r, char *errstr, size_t size) {
-        if (PQntuples(r) != 1 || PQnfields(r) != 5)
+        if (PQntuples(r) != 1 || PQnfields(r) != 4)
                 return errstr_set(errstr, size, "session set-up: unexpected answer");
         snprintf(db->connected_at, sizeof db->connected_at, "%s", PQgetvalue(r, 0, 2));
-        long version = atol(PQgetvalue(r, 0, 3));
-        if (version < SERVER_VERSION_MIN) {
+        if (db_check_server_version(atol(PQgetvalue(r, 0, 3)), errstr, size) != 0) {
                 db->too_old = 1;
-                return errstr_set(errstr, size,
-                                  "PostgreSQL %s is older than the oldest supported, 14",
-                                  PQgetvalue(r, 0, 4));
+                return -1;
         }
         if (PQgetisnull(r, 0, 0)) {
                 db->table_missing = 1;

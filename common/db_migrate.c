@@ -15,6 +15,7 @@
 
 #include "db_conninfo.h"
 #include "db_internal.h"
+#include "db_version.h"
 #include "errstr.h"
 #include "log.h"
 
@@ -80,6 +81,11 @@ int db_migrate_connect(struct db *db, char *schema, size_t schema_size, char *er
                 db_conninfo_scrub(db->url, errstr);
                 db_disconnect(db);
                 return -1;
+        }
+        int refused = db_check_server_version(PQserverVersion(db->conn), errstr, errstr_size);
+        if (refused) {
+                db_disconnect(db);
+                return refused;
         }
         PQsetNoticeReceiver(db->conn, on_notice, db);
         /* The schema named in OUTBOX_TABLE (as PostgreSQL folds an unquoted

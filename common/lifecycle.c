@@ -89,6 +89,19 @@ static void *watch_signals(void *arg) {
         }
 }
 
+/* Blocks (SIG_BLOCK) or unblocks (SIG_UNBLOCK) the handled signals in the
+ * calling thread; threads it creates meanwhile inherit the mask. */
+static void signals_mask(int how) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGHUP);
+        sigaddset(&set, SIGUSR1);
+        sigaddset(&set, SIGUSR2);
+        pthread_sigmask(how, &set, NULL);
+}
+
 /* Installs the handlers and starts the watcher; 0 or -1. */
 static int signals_start(const char *mod) {
         struct sigaction sa;
@@ -145,6 +158,10 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
         }
 
         configured_level = (enum log_level)lc->cfg.log_level;
+        /* The threads started here (the watcher, the HTTP server's) never take
+         * a stop signal: it must interrupt the main thread's wait (poll(),
+         * nanosleep()) to be seen before the wait ends. Unblocked below. */
+        signals_mask(SIG_BLOCK);
         if (signals_start(mod) != 0) {
                 log_error(mod, "cannot install signal handlers", NULL);
                 return 1;
@@ -161,6 +178,7 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
                         return 1;
                 }
         }
+        signals_mask(SIG_UNBLOCK);
         db_conninfo_redact(lc->cfg.database_url, url, sizeof url);
         log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, url,
                  lc->cfg.http_addr);
@@ -196,15 +214,28 @@ void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t
                                                                    : *backoff_ms * 2;
 }
 
+static int server_refused;
+
+int lifecycle_refused(void) {
+        return server_refused;
+}
+
 int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                         volatile sig_atomic_t *stop) {
         char err[512];
         if (db_connected(db))
                 return 0;
-        if (db_connect(db, err, sizeof err) == 0) {
+        int rc = db_connect(db, err, sizeof err);
+        if (rc == 0) {
                 log_info("db", "connected", NULL);
                 *backoff_ms = LIFECYCLE_RECONNECT_MIN_MS;
                 return 0;
+        }
+        if (rc == DB_ERR_SERVER_VERSION) {
+                log_error("db", "database server not supported", "err=%s", err);
+                server_refused = 1;
+                *stop = 1;
+                return -1;
         }
         log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
                  lifecycle_retry_ms(*backoff_ms, stop), err);

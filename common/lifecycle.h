@@ -62,8 +62,14 @@ void lifecycle_backoff(struct http *http, int *backoff_ms, volatile sig_atomic_t
 /* 0 when db is connected (connecting now if it is not; *backoff_ms then goes
  * back to the minimum). Otherwise logs why, reports not-ready, naps
  * *backoff_ms, doubles it up to LIFECYCLE_RECONNECT_MAX_MS and returns -1.
- * Start *backoff_ms at LIFECYCLE_RECONNECT_MIN_MS. */
+ * Start *backoff_ms at LIFECYCLE_RECONNECT_MIN_MS. A server older than the
+ * programs support (DB_ERR_SERVER_VERSION) is logged as an error, sets *stop
+ * and makes lifecycle_refused() true; -1 is returned at once. */
 int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                         volatile sig_atomic_t *stop);
+
+/* Nonzero once lifecycle_ensure_db() met a database server the programs do
+ * not support: main then exits 2. */
+int lifecycle_refused(void);
 
 #endif

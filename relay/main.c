@@ -29,6 +29,8 @@ int main(int argc, char **argv) {
                         log_error("relay", "cannot start", "err=%s", err);
                 rc = relay ? rc : 1;
         }
+        if (lifecycle_refused())
+                rc = 2;
         relay_destroy(relay);
         lifecycle_finish(&lc);
         return rc;

@@ -1506,7 +1506,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop, int wake) {
                 wait_for_io(r, now, wake);
         }
         if (r->too_old) {
-                log_error("relay", "cannot run on this server", "err=%s",
+                log_error("db", "database server not supported", "err=%s",
                           r->conns[C_LOCK].why[0] ? r->conns[C_LOCK].why : "too old");
                 return 2;
         }

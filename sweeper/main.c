@@ -21,6 +21,8 @@ int main(int argc, char **argv) {
                         log_error("sweeper", "cannot start", "err=%s", err);
                 rc = sweeper ? rc : 1;
         }
+        if (lifecycle_refused())
+                rc = 2;
         sweeper_destroy(sweeper);
         lifecycle_finish(&lc);
         return rc;

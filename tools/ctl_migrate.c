@@ -59,7 +59,12 @@ int ctl_migrate(struct ctl *c) {
                           name, "; apply schemas/postgres by hand for another name");
                 return 2;
         }
-        if (db_migrate_connect(c->db, schema, sizeof schema, err, sizeof err) != 0) {
+        int connected = db_migrate_connect(c->db, schema, sizeof schema, err, sizeof err);
+        if (connected == DB_ERR_SERVER_VERSION) {
+                log_error("db", "database server not supported", "err=%s", err);
+                return 2;
+        }
+        if (connected != 0) {
                 log_error("migrate", "migrate failed", "err=%s", err);
                 return 1;
         }

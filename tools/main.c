@@ -101,7 +101,13 @@ int main(int argc, char **argv) {
                 goto out;
         }
         /* migrate connects by itself: the table need not exist yet */
-        if (args.cmd != CTL_MIGRATE && db_connect(db, err, sizeof err) != 0) {
+        int connected = args.cmd == CTL_MIGRATE ? 0 : db_connect(db, err, sizeof err);
+        if (connected == DB_ERR_SERVER_VERSION) {
+                log_error("db", "database server not supported", "err=%s", err);
+                rc = 2;
+                goto out;
+        }
+        if (connected != 0) {
                 log_error("db", "cannot connect", "err=%s", err);
                 goto out;
         }

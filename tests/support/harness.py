@@ -251,7 +251,7 @@ class Postgres:
         """Stops and deletes a server this object started; otherwise nothing."""
         if self.owned and self.dir:
             try:
-                self._pg("stop")
+                self._pg("destroy")  # the server's files too, wherever they are
             finally:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.owned = False
