@@ -186,8 +186,8 @@ static void on_notice(void *arg, const PGresult *res) {
 }
 
 /* Resolves OUTBOX_TABLE to its quoted name and NOTIFY channel, as the trigger
- * names it (schema.table, cut to CHANNEL_MAX bytes). Runs before the
- * statement tables are prepared, which need the name. */
+ * names it (schema.table, cut to CHANNEL_MAX bytes on a character boundary).
+ * Runs before the statement tables are prepared, which need the name. */
 static int resolve_table(struct db *db, char *errstr, size_t size) {
         const char *param[1] = {db->table};
         char *nsp = NULL, *rel = NULL;
@@ -220,8 +220,7 @@ static int resolve_table(struct db *db, char *errstr, size_t size) {
         }
         snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
         snprintf(db->channel, clen, "%s.%s", schema, name);
-        if (strlen(db->channel) > CHANNEL_MAX)
-                db->channel[CHANNEL_MAX] = '\0';
+        db->channel[encode_utf8_prefix(db->channel, CHANNEL_MAX)] = '\0';
         rc = 0;
 out:
         PQclear(r);

@@ -258,13 +258,14 @@ def backend_pids(conn, application_name_like=None, where="TRUE"):
 
 
 def migrations_sql():
-    """The text of schemas/postgres/*.sql in order (to set up a schema by hand)."""
+    """[(file name, text)] of schemas/postgres/*.sql in order (to set up a
+    schema by hand)."""
     d = os.path.join(repo_root(), "schemas", "postgres")
     out = []
     for name in sorted(os.listdir(d)):
         if name.endswith(".sql"):
             with open(os.path.join(d, name), encoding="utf-8") as f:
-                out.append(f.read())
+                out.append((name, f.read()))
     return out
 
 
