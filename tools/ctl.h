@@ -1,13 +1,18 @@
 /* ctl.h - outboxctl's commands. Each takes the loaded configuration, the
  * parsed arguments and a connected admin database handle, writes its result
  * on stdout and its diagnostics as log lines, and returns the exit code: 0
- * ok, 1 a problem found or a runtime error. */
+ * ok, 1 a problem found or a runtime error, CTL_EXIT_CANNOT_TELL (reconcile)
+ * when part of what was to be compared could not be read. */
 #ifndef OUTBOX_CTL_H
 #define OUTBOX_CTL_H
 
 #include "config.h"
 #include "ctl_args.h"
 #include "db.h"
+
+/* reconcile: some partitions could not be read, and rows not found may be
+ * there (2 is usage and configuration). */
+#define CTL_EXIT_CANNOT_TELL 3
 
 struct ctl {
         const struct config *cfg;

@@ -24,7 +24,8 @@ static void print_help(void) {
                "(reconcile)\n"
                "\nExit codes: 0 ok, 1 a problem found (reconcile: missing or reorders; "
                "replay: rows refused;\nrelease-gap: no gap) or a runtime error, 2 usage or "
-               "bad configuration.\n");
+               "bad configuration, 3 reconcile cannot tell\n(partitions it could not read: "
+               "rows not found may be there).\n");
 }
 
 /* Nonzero when bootstrap.servers is set. */
