@@ -47,7 +47,7 @@ struct kafka_reader {
         int started; /* parts[cur] is being consumed */
         rd_kafka_message_t *held;
         long long planned, read;
-        long long from_ms, to_ms; /* the window a scanned partition keeps */
+        long long from_ms, to_ms; /* the window: messages with other timestamps are skipped */
 };
 
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {

@@ -1,8 +1,10 @@
 /* kafka_read.h - reading what Kafka holds for a time window (outboxctl
- * reconcile): every partition of some topics, between the offsets
- * Kafka's offsets-for-times gives for two timestamps, one message at a time.
- * Part of the kafka module (the only one that includes rdkafka.h); no consumer
- * group, nothing committed. */
+ * reconcile): the messages of every partition of some topics whose
+ * timestamps are in the window, between the offsets Kafka's
+ * offsets-for-times gives for its ends (or the whole partition, when the
+ * broker cannot look offsets up by time), one message at a time. Part of the
+ * kafka module (the only one that includes rdkafka.h); no consumer group,
+ * nothing committed. */
 #ifndef OUTBOX_KAFKA_READ_H
 #define OUTBOX_KAFKA_READ_H
 
