@@ -14,6 +14,8 @@
     scrape's slack, sets outbox_relay_stalled 1 and leaves
     outbox_relay_last_lock_timestamp_seconds behind; both clear when it ends;
   - the chart has an alert on the stall.
+Once the cause is gone every row is PUBLISHED and on Kafka (G1), first copies
+in version order (G2).
 
 Broker: Apache Kafka (tests/run's); the hung broker is SIGSTOPped (every test
 of the run sees it, tests run one at a time)."""
@@ -24,7 +26,7 @@ import urllib.parse
 
 import yaml
 
-from conftest import relay_env
+from conftest import check_audit, check_kafka, relay_env
 from harness import Relay, free_port, make_events, repo_root, wait_until
 from observe import NEW_CORE, readyz, scrape, warn_records
 
@@ -39,6 +41,18 @@ MAX_WARN_LINES = 5   # "a handful" of warn lines in WINDOW_S (not one per attemp
 # Attempts in WINDOW_S: at the poll interval that would be 100; a backoff
 # doubling from the poll interval to a cap of a few seconds makes about 7-10.
 MAX_ATTEMPTS = 20
+
+
+def g1_g2(db, kafka):
+    """Every row PUBLISHED and on Kafka once, first copies in version order."""
+    table = db.rows()
+    assert all(r["status"] == "PUBLISHED" for r in table), db.status_counts()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, ["%s.Order" % db.schema], table,
+                               dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    assert len(kc.ids) == len(table)
 
 
 def with_user(url, user):
@@ -132,6 +146,7 @@ def test_failing_statement_backs_off_and_is_named(db, kafka, tmp_path, report):
             assert relay.stop() == 0
     finally:
         drop_role(db, role)
+    g1_g2(db, kafka)
     report("UPDATE revoked: /readyz 503 (%s); %d warn lines and %d attempts in %d s "
            "(backoff); recovered %.1f s after GRANT", reason, len(warns), errors, WINDOW_S,
            recovered_s)
@@ -173,6 +188,7 @@ def test_a_stall_of_any_cause_makes_the_relay_not_ready(db, kafka, tmp_path, rep
         assert scrape(port).value("outbox_relay_stalled") == 0
         assert relay.stop() == 0
     assert seen_s <= SEEN_WITHIN_S + 2
+    g1_g2(db, kafka)
     report("broker hung: /readyz 503 after %.1f s (bound %.1f s): %s", seen_s,
            STALL_BOUND_S, stall["reason"])
 
