@@ -32,6 +32,14 @@ static const char *const bool_names[] = {"false", "true", NULL};
 #define CTL     CONFIG_CTL
 #define ALL     (BOTH | CTL)
 
+/* 100 years: PostgreSQL's timestamps end in 4713 BC, so a retention much
+ * longer than recorded history makes the sweeper's `now() - retention` fail
+ * ("timestamp out of range") on every sweep. */
+#define RETENTION_MAX_S 3155760000LL
+/* Longest OUTBOX_RELAY_ID and OUTBOX_PRODUCER_NAME: written into every row's
+ * locked_by, every message's producer header and log lines. */
+#define NAME_MAX_BYTES 200
+
 struct opt {
         const char *env; /* OUTBOX_BATCH_SIZE; file key and flag derive from it */
         enum opt_type type;
@@ -102,7 +110,7 @@ static const struct opt opts[] = {
          "timeout against it)"},
         {"OUTBOX_SWEEP_INTERVAL_S", T_INT, "30", O(sweep_interval_s), SWEEPER, 1, 86400, NULL,
          "sweeper loop period"},
-        {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, LLONG_MAX, NULL,
+        {"OUTBOX_RETENTION_S", T_LL, "2592000", O(retention_s), SWEEPER, 0, RETENTION_MAX_S, NULL,
          "delete PUBLISHED rows older than this; 0 keeps all"},
         {"OUTBOX_RETENTION_KEEP_LATEST", T_ENUM, "false", O(retention_keep_latest), SWEEPER, 0, 0,
          bool_names,
@@ -187,7 +195,9 @@ char *config_kafka_property(const char *suffix) {
 int config_check_identifier(const char *table) {
         size_t part = 0;
         int parts = 1;
-        if (!table || !*table)
+        /* bytes of non-ASCII characters count as letters, as in PostgreSQL's
+         * unquoted identifiers; the name must be valid UTF-8 */
+        if (!table || !*table || !encode_utf8_printable(table))
                 return -1;
         for (const char *p = table; *p; p++) {
                 if (*p == '.') {
@@ -196,12 +206,78 @@ int config_check_identifier(const char *table) {
                         part = 0;
                         continue;
                 }
-                int ok = isalpha((unsigned char)*p) || *p == '_' ||
-                         (part > 0 && isdigit((unsigned char)*p));
+                unsigned char c = (unsigned char)*p;
+                int ok = (c < 0x80 && isalpha(c)) || c >= 0x80 || *p == '_' ||
+                         (part > 0 && c < 0x80 && isdigit(c));
                 if (!ok || ++part > 63)
                         return -1;
         }
         return part == 0 ? -1 : 0;
+}
+
+/* Placeholders of OUTBOX_TOPIC_TEMPLATE. */
+static const char *const topic_placeholders[] = {"{aggregate_type}", "{event_type}", "{tenant_id}"};
+
+/* OUTBOX_TOPIC_TEMPLATE must be able to make a legal Kafka topic name: its
+ * placeholders known, its literal parts of Kafka's characters, and short
+ * enough to leave room for the values. 0, or -1 with errstr set. */
+static int check_topic_template(const char *t, char *errstr, size_t size) {
+        size_t literal = 0, placeholders = 0;
+        if (!*t)
+                return errstr_set(errstr, size, "OUTBOX_TOPIC_TEMPLATE: empty");
+        for (const char *p = t; *p;) {
+                size_t i, n = sizeof topic_placeholders / sizeof topic_placeholders[0];
+                for (i = 0; *p == '{' && i < n; i++)
+                        if (!strncmp(p, topic_placeholders[i], strlen(topic_placeholders[i])))
+                                break;
+                if (*p == '{' && i < n) {
+                        placeholders++;
+                        p += strlen(topic_placeholders[i]);
+                        continue;
+                }
+                if (*p == '{')
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_TOPIC_TEMPLATE: unknown placeholder at '%.40s' "
+                                          "(known: {aggregate_type} {event_type} {tenant_id})",
+                                          p);
+                unsigned char c = (unsigned char)*p;
+                if (!(c < 0x80 && (isalnum(c) || strchr("._-", c)))) {
+                        char what[24];
+                        if (isprint(c))
+                                snprintf(what, sizeof what, "'%c' (byte 0x%02x)", c, c);
+                        else
+                                snprintf(what, sizeof what, "byte 0x%02x", c);
+                        return errstr_set(errstr, size,
+                                          "OUTBOX_TOPIC_TEMPLATE: %s at offset %zu is not allowed "
+                                          "in a Kafka topic name (a-z A-Z 0-9 . _ -)",
+                                          what, (size_t)(p - t));
+                }
+                literal++;
+                p++;
+        }
+        /* each placeholder's value is at least one character in a legal name */
+        if (literal + placeholders > ENCODE_TOPIC_MAX)
+                return errstr_set(errstr, size,
+                                  "OUTBOX_TOPIC_TEMPLATE: %zu characters without the placeholders' "
+                                  "values; a Kafka topic name has at most %d",
+                                  literal, ENCODE_TOPIC_MAX);
+        if (!placeholders && !encode_topic_is_legal(t))
+                return errstr_set(errstr, size,
+                                  "OUTBOX_TOPIC_TEMPLATE: '%s' is not a legal Kafka topic name", t);
+        return 0;
+}
+
+/* OUTBOX_RELAY_ID, OUTBOX_PRODUCER_NAME: printable UTF-8, NAME_MAX_BYTES at
+ * most. 0, or -1 with errstr set. */
+static int check_name(const char *var, const char *v, char *errstr, size_t size) {
+        if (strlen(v) > NAME_MAX_BYTES)
+                return errstr_set(errstr, size, "%s: %zu bytes, at most %d", var, strlen(v),
+                                  NAME_MAX_BYTES);
+        if (!encode_utf8_printable(v))
+                return errstr_set(errstr, size,
+                                  "%s: not printable text (control characters or invalid UTF-8)",
+                                  var);
+        return 0;
 }
 
 static void print_help(FILE *out, enum config_program prog) {
@@ -502,20 +578,12 @@ static int validate(struct config *cfg, enum config_program prog, char *errstr, 
                                           "OUTBOX_HTTP_ADDR: '%s' is not host:port or off",
                                           cfg->http_addr);
         }
-        if (prog & (RELAY | CTL)) {
-                const char *t = cfg->topic_template;
-                if (!*t)
-                        return errstr_set(errstr, size, "OUTBOX_TOPIC_TEMPLATE: empty");
-                for (const char *p = strchr(t, '{'); p; p = strchr(p + 1, '{')) {
-                        if (strncmp(p, "{aggregate_type}", 16) && strncmp(p, "{event_type}", 12) &&
-                            strncmp(p, "{tenant_id}", 11))
-                                return errstr_set(
-                                        errstr, size,
-                                        "OUTBOX_TOPIC_TEMPLATE: unknown placeholder at '%s' "
-                                        "(known: {aggregate_type} {event_type} {tenant_id})",
-                                        p);
-                }
-        }
+        if ((prog & (RELAY | CTL)) && check_topic_template(cfg->topic_template, errstr, size))
+                return -1;
+        if ((prog & BOTH) && check_name("OUTBOX_RELAY_ID", cfg->relay_id, errstr, size))
+                return -1;
+        if ((prog & RELAY) && check_name("OUTBOX_PRODUCER_NAME", cfg->producer_name, errstr, size))
+                return -1;
         if (prog == CONFIG_RELAY) {
                 if (cfg->backoff_initial_ms > cfg->backoff_max_ms)
                         return errstr_set(errstr, size,

@@ -130,15 +130,11 @@ int db_prepare(struct db *db, const struct db_stmt *stmts, size_t n, const char 
 }
 
 void db_channel_name(const char *schema, const char *name, char *out) {
-        size_t n = (size_t)snprintf(out, CHANNEL_MAX + 1, "%s.%s", schema, name);
-        if (n <= CHANNEL_MAX)
-                return;
-        /* cut to CHANNEL_MAX bytes, then back to the start of the character
-         * that would have been split (UTF-8 continuation bytes are 10xxxxxx) */
-        size_t cut = CHANNEL_MAX;
-        while (cut > 0 && ((unsigned char)out[cut] & 0xC0) == 0x80)
-                cut--;
-        out[cut] = '\0';
+        char whole[2 * (CHANNEL_MAX + 1)]; /* each part is an identifier */
+        snprintf(whole, sizeof whole, "%s.%s", schema, name);
+        size_t n = encode_utf8_prefix(whole, CHANNEL_MAX);
+        memcpy(out, whole, n);
+        out[n] = '\0';
 }
 
 int db_set_table(struct db *db, const char *schema, const char *name, char *errstr, size_t size) {

@@ -133,35 +133,122 @@ void encode_utf8_clean(char *s) {
         }
 }
 
+/* Bytes of the UTF-8 character that starts with byte c: 1 to 4, or 0 for a
+ * byte no character starts with (a continuation byte, 0xC0, 0xC1, 0xF5-0xFF). */
+static size_t utf8_lead(unsigned char c) {
+        return c < 0x80                 ? 1
+               : c >= 0xC2 && c <= 0xDF ? 2
+               : (c & 0xF0) == 0xE0     ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
+}
+
+size_t encode_utf8_prefix(const char *s, size_t max) {
+        size_t len = strlen(s);
+        if (len <= max)
+                return len;
+        /* step back over continuation bytes to the start of the character
+         * that the cut would split, unless the cut falls right after it */
+        size_t cut = max;
+        while (cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80)
+                cut--;
+        return cut;
+}
+
+int encode_utf8_printable(const char *s) {
+        const unsigned char *p = (const unsigned char *)s;
+        while (*p) {
+                size_t n = utf8_lead(*p);
+                if (n == 0 || *p < 0x20 || *p == 0x7F)
+                        return 0;
+                for (size_t i = 1; i < n; i++)
+                        if ((p[i] & 0xC0) != 0x80)
+                                return 0;
+                /* no overlong forms, surrogates, code points past U+10FFFF,
+                 * or C1 controls (U+0080-U+009F) */
+                if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) ||
+                    (p[0] == 0xF0 && p[1] < 0x90) || (p[0] == 0xF4 && p[1] > 0x8F) ||
+                    (p[0] == 0xC2 && p[1] < 0xA0))
+                        return 0;
+                p += n;
+        }
+        return 1;
+}
+
+static int topic_char(char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == '-';
+}
+
+int encode_topic_is_legal(const char *name) {
+        size_t n = strlen(name);
+        if (n == 0 || n > ENCODE_TOPIC_MAX || !strcmp(name, ".") || !strcmp(name, ".."))
+                return 0;
+        for (size_t i = 0; i < n; i++)
+                if (!topic_char(name[i]))
+                        return 0;
+        return 1;
+}
+
+/* The placeholders of a topic template and the columns they stand for. */
+static const struct {
+        const char *name;
+        size_t len;
+        size_t off;
+        const char *column;
+} topic_ph[] = {
+        {"{aggregate_type}", 16, offsetof(struct outbox_event, aggregate_type), "aggregate_type"},
+        {"{event_type}", 12, offsetof(struct outbox_event, event_type), "event_type"},
+        {"{tenant_id}", 11, offsetof(struct outbox_event, tenant_id), "tenant_id"},
+};
+#define TOPIC_PH (sizeof topic_ph / sizeof topic_ph[0])
+
+static const char *topic_value(const struct outbox_event *ev, size_t i) {
+        return *(const char *const *)((const char *)ev + topic_ph[i].off);
+}
+
+const char *encode_topic_column(const char *template, const struct outbox_event *ev) {
+        const char *longest = NULL;
+        size_t longest_len = 0;
+        if (ev->topic_name && *ev->topic_name)
+                return "topic_name";
+        for (const char *p = strchr(template, '{'); p; p = strchr(p + 1, '{')) {
+                for (size_t i = 0; i < TOPIC_PH; i++) {
+                        if (strncmp(p, topic_ph[i].name, topic_ph[i].len) != 0)
+                                continue;
+                        const char *v = topic_value(ev, i);
+                        for (const char *c = v; *c; c++)
+                                if (!topic_char(*c))
+                                        return topic_ph[i].column;
+                        if (!longest || strlen(v) > longest_len) {
+                                longest = topic_ph[i].column;
+                                longest_len = strlen(v);
+                        }
+                }
+        }
+        return longest ? longest : "topic_name";
+}
+
 void buf_free(struct buf *b) {
         free(b->data);
         memset(b, 0, sizeof *b);
 }
 
 int encode_topic(const char *template, const struct outbox_event *ev, struct buf *out) {
-        static const struct {
-                const char *name;
-                size_t len;
-                size_t off;
-        } ph[] = {
-                {"{aggregate_type}", 16, offsetof(struct outbox_event, aggregate_type)},
-                {"{event_type}", 12, offsetof(struct outbox_event, event_type)},
-                {"{tenant_id}", 11, offsetof(struct outbox_event, tenant_id)},
-        };
         buf_reset(out);
         if (ev->topic_name && *ev->topic_name)
                 return buf_append(out, ev->topic_name, strlen(ev->topic_name));
         for (const char *p = template; *p;) {
-                size_t i = sizeof ph / sizeof ph[0];
+                size_t i = TOPIC_PH;
                 if (*p == '{')
-                        for (i = 0; i < sizeof ph / sizeof ph[0]; i++)
-                                if (!strncmp(p, ph[i].name, ph[i].len))
+                        for (i = 0; i < TOPIC_PH; i++)
+                                if (!strncmp(p, topic_ph[i].name, topic_ph[i].len))
                                         break;
-                if (i < sizeof ph / sizeof ph[0]) {
-                        const char *v = *(const char *const *)((const char *)ev + ph[i].off);
+                if (i < TOPIC_PH) {
+                        const char *v = topic_value(ev, i);
                         if (buf_append(out, v, strlen(v)) != 0)
                                 return -1;
-                        p += ph[i].len;
+                        p += topic_ph[i].len;
                 } else {
                         size_t run = strcspn(p + 1, "{") + 1; /* up to the next '{' after p */
                         if (buf_append(out, p, run) != 0)

@@ -38,6 +38,27 @@ void encode_utf8_clean(char *s);
 int encode_rfc3339_us(long long us, char *out, size_t out_size);
 void buf_free(struct buf *b);
 
+/* The length of the longest prefix of s that has at most `max` bytes and
+ * does not end inside a UTF-8 sequence: s cut to max bytes on a character
+ * boundary, as PostgreSQL cuts a name in a UTF-8 database (the NOTIFY
+ * channel, schemas/postgres/005). strlen(s) when s is no longer. */
+size_t encode_utf8_prefix(const char *s, size_t max);
+
+/* 1 when s is valid UTF-8 with no control characters (C0, DEL, C1): text
+ * that can go into a log line, a header or locked_by as it is; else 0. */
+int encode_utf8_printable(const char *s);
+
+/* Kafka's rule for a topic name: 1 to ENCODE_TOPIC_MAX characters of
+ * [a-zA-Z0-9._-], neither "." nor "..". 1 when `name` is legal, else 0. */
+#define ENCODE_TOPIC_MAX 249
+int encode_topic_is_legal(const char *name);
+
+/* Which column made `topic` (built by encode_topic() from `template` and ev)
+ * illegal: "topic_name" when the row names its topic, else the first column
+ * the template places whose value has a character Kafka refuses, else the
+ * one with the longest value (the name is too long). Static string. */
+const char *encode_topic_column(const char *template, const struct outbox_event *ev);
+
 /* Writes the topic: ev->topic_name, else `template` with {aggregate_type},
  * {event_type} and {tenant_id} replaced. 0 on success. */
 int encode_topic(const char *template, const struct outbox_event *ev, struct buf *out)

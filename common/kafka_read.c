@@ -4,6 +4,7 @@
 #include "kafka_read.h"
 
 #include <librdkafka/rdkafka.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,12 +12,29 @@
 #include "clock.h"
 #include "log.h"
 
+/* Why a partition was not read, at most this long. */
+#define UNREAD_MAX 160
+
 /* One partition to read: [start, end) by offset. */
 struct part {
         size_t topic; /* index into topics */
         int32_t id;
+        int32_t leader; /* broker id, from the metadata */
         int64_t start, end;
+        /* the answers of its leader's lookups, by enum lookup */
+        int64_t at[5];
+        int answered[5];
+        int scan;                /* read [low, high) and keep [from_ms, to_ms) */
+        char unread[UNREAD_MAX]; /* why it could not be read; "" when it was */
 };
+
+/* The offsets asked of each leader, one ListOffsets request each (Kafka's
+ * -2 and -1 are the low and high watermarks). Timestamp 0 is before any
+ * message: a broker that looks offsets up by time answers a partition's
+ * first offset for it. One that answers -1 for a partition holding messages
+ * cannot (librdkafka's mock cluster), and its -1 for `from` would read as
+ * "nothing that late". */
+enum lookup { AT_LOW, AT_HIGH, AT_FROM, AT_TO, AT_ZERO };
 
 struct kafka_reader {
         rd_kafka_t *rk;
@@ -29,6 +47,7 @@ struct kafka_reader {
         int started; /* parts[cur] is being consumed */
         rd_kafka_message_t *held;
         long long planned, read;
+        long long from_ms, to_ms; /* the window: messages with other timestamps are skipped */
 };
 
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
@@ -103,7 +122,10 @@ static int add_partitions(struct kafka_reader *r, size_t i, int timeout_ms, char
                 } else {
                         r->parts = p;
                         for (int k = 0; k < t->partition_cnt; k++)
-                                r->parts[r->nparts++] = (struct part){i, t->partitions[k].id, 0, 0};
+                                r->parts[r->nparts++] =
+                                        (struct part){.topic = i,
+                                                      .id = t->partitions[k].id,
+                                                      .leader = t->partitions[k].leader};
                         r->found[i] = 1;
                 }
         } else if (t && t->err != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
@@ -123,35 +145,70 @@ static int by_topic_partition(const void *a, const void *b) {
         return (x->id > y->id) - (x->id < y->id);
 }
 
-/* Offsets for one timestamp of every planned partition (-1: none that late),
- * into start (which = 0) or end (1). */
-static int offsets_at(struct kafka_reader *r, long long ts_ms, int which, int timeout_ms,
-                      char *errstr, size_t size) {
-        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)r->nparts);
-        for (size_t i = 0; i < r->nparts; i++)
-                rd_kafka_topic_partition_list_add(l, r->topics[r->parts[i].topic], r->parts[i].id)
-                        ->offset = ts_ms;
-        rd_kafka_resp_err_t err = rd_kafka_offsets_for_times(r->rk, l, timeout_ms);
-        int rc = 0;
-        if (err) {
-                snprintf(errstr, size, "offsets for times: %s", rd_kafka_err2str(err));
-                rc = -1;
-        }
-        for (size_t i = 0; rc == 0 && i < r->nparts; i++) {
-                struct part *p = &r->parts[i];
-                rd_kafka_topic_partition_t *e =
-                        rd_kafka_topic_partition_list_find(l, r->topics[p->topic], p->id);
-                if (!e || e->err) {
-                        snprintf(errstr, size, "offsets for times of %s[%d]: %s",
-                                 r->topics[p->topic], p->id,
-                                 e ? rd_kafka_err2str(e->err) : "no answer");
-                        rc = -1;
-                        break;
+/* Marks partition p unread, for `why` (printf-style). Logged once. */
+static void set_unread(struct kafka_reader *r, struct part *p, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static void set_unread(struct kafka_reader *r, struct part *p, const char *fmt, ...) {
+        va_list ap;
+        if (*p->unread)
+                return;
+        va_start(ap, fmt);
+        vsnprintf(p->unread, sizeof p->unread, fmt, ap);
+        va_end(ap);
+        log_warn("kafka", "partition not read: cannot tell what it holds",
+                 "topic=%s partition=%d err=%s", r->topics[p->topic], (int)p->id, p->unread);
+}
+
+/* Asks the leader of parts[first..last) (one broker) for each lookup's
+ * offsets. A request that fails as a whole (the broker does not answer within
+ * timeout_ms) leaves its answers missing: missing watermarks make the
+ * partitions unread, missing times make them scanned. */
+static void lookups(struct kafka_reader *r, size_t first, size_t last, int timeout_ms) {
+        const long long ts[] = {[AT_LOW] = -2,
+                                [AT_HIGH] = -1,
+                                [AT_FROM] = r->from_ms,
+                                [AT_TO] = r->to_ms,
+                                [AT_ZERO] = 0};
+        for (int k = 0; k < 5; k++) {
+                rd_kafka_topic_partition_list_t *l =
+                        rd_kafka_topic_partition_list_new((int)(last - first));
+                for (size_t i = first; i < last; i++)
+                        rd_kafka_topic_partition_list_add(l, r->topics[r->parts[i].topic],
+                                                          r->parts[i].id)
+                                ->offset = ts[k];
+                rd_kafka_resp_err_t err = rd_kafka_offsets_for_times(r->rk, l, timeout_ms);
+                for (size_t i = first; i < last; i++) {
+                        struct part *p = &r->parts[i];
+                        rd_kafka_topic_partition_t *e =
+                                err ? NULL
+                                    : rd_kafka_topic_partition_list_find(l, r->topics[p->topic],
+                                                                         p->id);
+                        if (e && !e->err) {
+                                p->at[k] = e->offset;
+                                p->answered[k] = 1;
+                        } else if (k <= AT_HIGH) {
+                                rd_kafka_resp_err_t why = err ? err
+                                                          : e ? e->err
+                                                              : RD_KAFKA_RESP_ERR__FAIL;
+                                set_unread(r, p, "leader %d: watermarks: %s", (int)p->leader,
+                                           rd_kafka_err2str(why));
+                        }
                 }
-                *(which ? &p->end : &p->start) = e->offset;
+                rd_kafka_topic_partition_list_destroy(l);
+                if (err)
+                        log_info("kafka", "offsets lookup failed", "leader=%d lookup=%d err=%s",
+                                 (int)r->parts[first].leader, k, rd_kafka_err2str(err));
+                /* a leader that did not answer is not asked again */
+                if (err == RD_KAFKA_RESP_ERR__TIMED_OUT || err == RD_KAFKA_RESP_ERR__TRANSPORT)
+                        break;
         }
-        rd_kafka_topic_partition_list_destroy(l);
-        return rc;
+}
+
+static int by_leader(const void *a, const void *b) {
+        const struct part *x = a, *y = b;
+        if (x->leader != y->leader)
+                return (x->leader > y->leader) - (x->leader < y->leader);
+        return by_topic_partition(a, b);
 }
 
 int kafka_reader_plan(struct kafka_reader *r, const char *const *topics, size_t n,
@@ -160,6 +217,8 @@ int kafka_reader_plan(struct kafka_reader *r, const char *const *topics, size_t 
         r->topics = calloc(n + 1, sizeof *r->topics);
         r->rkts = calloc(n + 1, sizeof *r->rkts);
         r->found = calloc(n + 1, sizeof *r->found);
+        r->from_ms = from_ms;
+        r->to_ms = to_ms;
         if (!r->topics || !r->rkts || !r->found) {
                 snprintf(errstr, errstr_size, "out of memory");
                 return -1;
@@ -179,26 +238,37 @@ int kafka_reader_plan(struct kafka_reader *r, const char *const *topics, size_t 
         }
         if (!r->nparts)
                 return 0;
+        /* one set of lookups per leader: a broker that is down costs one
+         * timeout, and holds up only its own partitions */
+        qsort(r->parts, r->nparts, sizeof *r->parts, by_leader);
+        for (size_t first = 0, last; first < r->nparts; first = last) {
+                for (last = first + 1;
+                     last < r->nparts && r->parts[last].leader == r->parts[first].leader; last++)
+                        ;
+                lookups(r, first, last, timeout_ms);
+        }
         qsort(r->parts, r->nparts, sizeof *r->parts, by_topic_partition);
-        if (offsets_at(r, from_ms, 0, timeout_ms, errstr, errstr_size) != 0 ||
-            offsets_at(r, to_ms, 1, timeout_ms, errstr, errstr_size) != 0)
-                return -1;
         for (size_t i = 0; i < r->nparts; i++) {
                 struct part *p = &r->parts[i];
-                int64_t lo, hi;
-                rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
-                        r->rk, r->topics[p->topic], p->id, &lo, &hi, timeout_ms);
-                if (err) {
-                        snprintf(errstr, errstr_size, "watermarks of %s[%d]: %s",
-                                 r->topics[p->topic], p->id, rd_kafka_err2str(err));
-                        return -1;
-                }
-                if (p->end < 0 || p->end > hi)
-                        p->end = hi;
-                if (p->start < 0 || p->start > p->end) /* nothing that late */
-                        p->start = p->end;
-                if (p->start < lo)
+                if (*p->unread)
+                        continue;
+                int64_t lo = p->at[AT_LOW], hi = p->at[AT_HIGH];
+                int by_time = p->answered[AT_FROM] && p->answered[AT_TO] && p->answered[AT_ZERO] &&
+                              (hi <= lo || p->at[AT_ZERO] >= 0);
+                if (!by_time) {
+                        p->scan = 1;
                         p->start = lo;
+                        p->end = hi;
+                } else {
+                        p->start = p->at[AT_FROM];
+                        p->end = p->at[AT_TO];
+                        if (p->end < 0 || p->end > hi)
+                                p->end = hi;
+                        if (p->start < 0 || p->start > p->end) /* nothing that late */
+                                p->start = p->end;
+                        if (p->start < lo)
+                                p->start = lo;
+                }
                 if (p->end > p->start)
                         r->planned += p->end - p->start;
         }
@@ -214,6 +284,18 @@ void kafka_reader_progress(const struct kafka_reader *r, int *partitions, long l
         *partitions = (int)r->nparts;
         *planned = r->planned;
         *read = r->read;
+}
+
+size_t kafka_reader_partitions(const struct kafka_reader *r) {
+        return r->nparts;
+}
+
+void kafka_reader_partition(const struct kafka_reader *r, size_t i, struct kafka_read_part *out) {
+        const struct part *p = &r->parts[i];
+        out->topic = r->topics[p->topic];
+        out->partition = (int)p->id;
+        out->scanned = p->scan;
+        out->unread = *p->unread ? p->unread : NULL;
 }
 
 /* The header `name` of m into *v, *len (NULL when absent). */
@@ -238,8 +320,7 @@ static void stop_current(struct kafka_reader *r) {
         r->cur++;
 }
 
-int kafka_reader_next(struct kafka_reader *r, struct kafka_read_msg *m, int idle_ms, char *errstr,
-                      size_t errstr_size) {
+int kafka_reader_next(struct kafka_reader *r, struct kafka_read_msg *m, int idle_ms) {
         if (r->held) {
                 rd_kafka_message_destroy(r->held);
                 r->held = NULL;
@@ -251,27 +332,28 @@ int kafka_reader_next(struct kafka_reader *r, struct kafka_read_msg *m, int idle
                         stop_current(r);
                         continue;
                 }
+                if (*p->unread) {
+                        stop_current(r);
+                        continue;
+                }
                 if (!r->started) {
                         if (rd_kafka_consume_start(rkt, p->id, p->start) != 0) {
-                                snprintf(errstr, errstr_size, "read %s[%d] from offset %lld: %s",
-                                         r->topics[p->topic], p->id, (long long)p->start,
-                                         rd_kafka_err2str(rd_kafka_last_error()));
-                                return -1;
+                                set_unread(r, p, "read from offset %lld: %s", (long long)p->start,
+                                           rd_kafka_err2str(rd_kafka_last_error()));
+                                r->cur++;
+                                continue;
                         }
                         r->started = 1;
                 }
                 double deadline = clock_mono_s() + idle_ms / 1000.0;
                 rd_kafka_message_t *msg = NULL;
-                while (!msg) {
+                while (!msg && clock_mono_s() <= deadline)
                         msg = rd_kafka_consume(rkt, p->id, 200);
-                        if (!msg && clock_mono_s() > deadline) {
-                                snprintf(errstr, errstr_size,
-                                         "read %s[%d]: nothing for %d ms at offset %lld (reading "
-                                         "up to %lld)",
-                                         r->topics[p->topic], p->id, idle_ms, (long long)p->start,
-                                         (long long)p->end);
-                                return -1;
-                        }
+                if (!msg) {
+                        set_unread(r, p, "nothing for %d ms at offset %lld (reading up to %lld)",
+                                   idle_ms, (long long)p->start, (long long)p->end);
+                        stop_current(r);
+                        continue;
                 }
                 if (msg->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                         rd_kafka_message_destroy(msg);
@@ -279,10 +361,11 @@ int kafka_reader_next(struct kafka_reader *r, struct kafka_read_msg *m, int idle
                         continue;
                 }
                 if (msg->err) {
-                        snprintf(errstr, errstr_size, "read %s[%d]: %s", r->topics[p->topic], p->id,
-                                 rd_kafka_message_errstr(msg));
+                        set_unread(r, p, "%s at offset %lld", rd_kafka_message_errstr(msg),
+                                   (long long)p->start);
                         rd_kafka_message_destroy(msg);
-                        return -1;
+                        stop_current(r);
+                        continue;
                 }
                 if (msg->offset >= p->end) {
                         rd_kafka_message_destroy(msg);
@@ -292,14 +375,23 @@ int kafka_reader_next(struct kafka_reader *r, struct kafka_read_msg *m, int idle
                 p->start = msg->offset + 1;
                 if (p->start >= p->end)
                         stop_current(r);
+                rd_kafka_timestamp_type_t tstype;
+                long long ts = rd_kafka_message_timestamp(msg, &tstype);
+                /* only the window's messages (and those without a
+                 * timestamp: they cannot be placed); a partition's offsets
+                 * are not in timestamp order (a producer sets CreateTime) */
+                if (tstype != RD_KAFKA_TIMESTAMP_NOT_AVAILABLE &&
+                    (ts < r->from_ms || ts >= r->to_ms)) {
+                        rd_kafka_message_destroy(msg);
+                        continue;
+                }
                 r->held = msg;
                 r->read++;
                 memset(m, 0, sizeof *m);
                 m->topic = r->topics[p->topic];
                 m->partition = msg->partition;
                 m->offset = msg->offset;
-                rd_kafka_timestamp_type_t tstype;
-                m->timestamp_ms = rd_kafka_message_timestamp(msg, &tstype);
+                m->timestamp_ms = ts;
                 rd_kafka_headers_t *h = NULL;
                 if (rd_kafka_message_headers(msg, &h) != RD_KAFKA_RESP_ERR_NO_ERROR)
                         h = NULL;
@@ -325,6 +417,7 @@ void kafka_reader_destroy(struct kafka_reader *r) {
                         rd_kafka_topic_destroy(r->rkts[i]);
                 free(r->topics[i]);
         }
+
         free(r->topics);
         free(r->rkts);
         free(r->found);

@@ -125,7 +125,15 @@ int message_build(struct message *m, const struct outbox_event *ev, struct messa
         memset(out, 0, sizeof *out);
         if (encode_topic(cfg->topic_template, ev, &m->topic) != 0)
                 return fail(why, 1, "ENCODE_FAILED", "topic could not be formed");
-        out->topic = m->topic.data;
+        out->topic = m->topic.data; /* named in the log line of the row's outcome */
+        if (!encode_topic_is_legal(m->topic.data)) {
+                snprintf(why->text, sizeof why->text,
+                         "%s: topic '%.60s%s' (%zu bytes) is not a legal Kafka topic name "
+                         "(1-%d of a-z A-Z 0-9 . _ -)",
+                         encode_topic_column(cfg->topic_template, ev), m->topic.data,
+                         m->topic.len > 60 ? "..." : "", m->topic.len, ENCODE_TOPIC_MAX);
+                return fail(why, 1, "INVALID_VALUE", NULL);
+        }
         if (schema_id(m, ev, out->topic, &id, why) != 0)
                 return -1;
         int n = encode_headers_fields(ev, cfg->producer_name,

@@ -53,8 +53,10 @@ static const struct {
          "    with the topics' messages whose timestamps fall in the window widened by the\n"
          "    margin (default 5m): missing (rows not on Kafka), reorders (a first copy of a\n"
          "    version after a higher version's, per aggregate and partition), duplicates\n"
-         "    and unknown messages (event id not in the table). Exit 1 when missing or\n"
-         "    reorders is not 0. Needs OUTBOX_KAFKA_BOOTSTRAP_SERVERS"},
+         "    and unknown messages (event id not in the table). Partitions a broker cannot\n"
+         "    look up by time are read from their start. Exit 1 when missing or reorders\n"
+         "    is not 0, 3 when partitions could not be read (missing: cannot tell). Needs\n"
+         "    OUTBOX_KAFKA_BOOTSTRAP_SERVERS"},
         {CTL_MIGRATE, "migrate", "migrate [--dry-run] [--json]",
          "applies the schema migrations built into this program (schemas/postgres) that\n"
          "    the database has not recorded, in order, each in its own transaction, under\n"

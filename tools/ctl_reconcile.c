@@ -38,10 +38,9 @@ static void examples_free(struct examples *e) {
 static int copy_messages(struct ctl *c, struct kafka_reader *r, char *err, size_t size) {
         struct kafka_read_msg m;
         double start = clock_mono_s(), next_progress = start + PROGRESS_EVERY_S;
-        int got;
         if (db_reconcile_begin(c->db, err, size) != 0)
                 return -1;
-        while ((got = kafka_reader_next(r, &m, KAFKA_IDLE_MS, err, size)) == 1) {
+        while (kafka_reader_next(r, &m, KAFKA_IDLE_MS) == 1) {
                 char id[37];
                 int is_id = m.event_id && ctl_is_uuid(m.event_id, m.event_id_len);
                 if (is_id) {
@@ -73,25 +72,57 @@ static int copy_messages(struct ctl *c, struct kafka_reader *r, char *err, size_
                                  planned, parts, clock_mono_s() - start);
                 }
         }
-        if (got < 0)
-                return -1;
         return db_reconcile_end(c->db, err, size);
 }
 
-/* The topics read: names, their rows in the window, found on Kafka. */
+/* The topics read: names, their rows in the window, found on Kafka; the
+ * partitions that were scanned (no offsets by time) or not read at all. */
 struct topics {
         const char **names;
         long long *rows;
         size_t n;
         const struct kafka_reader *r;
+        size_t scanned, unread;
 };
+
+/* Counts the scanned and unread partitions of the plan into t. */
+static void count_partitions(struct topics *t) {
+        struct kafka_read_part p;
+        for (size_t i = 0; i < kafka_reader_partitions(t->r); i++) {
+                kafka_reader_partition(t->r, i, &p);
+                t->scanned += p.scanned && !p.unread;
+                t->unread += p.unread != NULL;
+        }
+}
+
+/* The partitions that were scanned (unread 0) or not read (unread 1), as a
+ * JSON array of {"topic", "partition"[, "reason"]}. */
+static int json_partitions(struct buf *b, const struct topics *t, int unread) {
+        struct kafka_read_part p;
+        int rc = buf_append(b, "[", 1), first = 1;
+        for (size_t i = 0; rc == 0 && i < kafka_reader_partitions(t->r); i++) {
+                kafka_reader_partition(t->r, i, &p);
+                if (unread ? !p.unread : !p.scanned || p.unread)
+                        continue;
+                rc = buf_appendf(b, "%s{\"topic\": ", first ? "" : ", ");
+                rc = rc ? rc : buf_append_json_string(b, p.topic);
+                rc = rc ? rc : buf_appendf(b, ", \"partition\": %d", p.partition);
+                if (unread) {
+                        rc = rc ? rc : buf_appendf(b, ", \"reason\": ");
+                        rc = rc ? rc : buf_append_json_string(b, p.unread);
+                }
+                rc = rc ? rc : buf_append(b, "}", 1);
+                first = 0;
+        }
+        return rc ? rc : buf_append(b, "]", 1);
+}
 
 /* The one JSON object of --json. */
 static int print_json(const struct ctl_args *a, const char *since, const char *until,
                       const struct topics *t, const struct db_reconcile_counts *n,
                       long long released, const struct examples *e) {
         struct buf b = {0};
-        int ok = n->missing == 0 && n->reorders == 0;
+        int ok = n->missing == 0 && n->reorders == 0 && t->unread == 0;
         int rc = buf_appendf(&b,
                              "{\"since\": \"%s\", \"until\": \"%s\", \"margin_s\": %lld, "
                              "\"topics\": [",
@@ -103,14 +134,23 @@ static int print_json(const struct ctl_args *a, const char *since, const char *u
                         : buf_appendf(&b, ", \"rows\": %lld, \"on_kafka\": %s}", t->rows[i],
                                       kafka_reader_topic_found(t->r, i) ? "true" : "false");
         }
+        char missing[32];
+        /* rows not found while a partition could not be read may be there */
+        snprintf(missing, sizeof missing, t->unread ? "null" : "%lld", n->missing);
         rc = rc ? rc
                 : buf_appendf(&b,
-                              "], \"rows\": %lld, \"messages\": %lld, \"missing\": %lld, "
+                              "], \"rows\": %lld, \"messages\": %lld, \"missing\": %s, "
+                              "\"not_found\": %lld, \"cannot_tell\": %s, "
                               "\"reorders\": %lld, \"duplicates\": %lld, "
                               "\"duplicate_copies\": %lld, \"unknown\": %lld, "
-                              "\"gap_released\": %lld, \"missing_ids\": ",
-                              n->rows, n->messages, n->missing, n->reorders, n->duplicates,
-                              n->copies, n->unknown, released);
+                              "\"gap_released\": %lld, \"scanned_partitions\": ",
+                              n->rows, n->messages, missing, n->missing,
+                              t->unread ? "true" : "false", n->reorders, n->duplicates, n->copies,
+                              n->unknown, released);
+        rc = rc ? rc : json_partitions(&b, t, 0);
+        rc = rc ? rc : buf_appendf(&b, ", \"unread_partitions\": ");
+        rc = rc ? rc : json_partitions(&b, t, 1);
+        rc = rc ? rc : buf_appendf(&b, ", \"missing_ids\": ");
         rc = rc ? rc : ctl_json_column(&b, e->missing, 0);
         rc = rc ? rc
                 : buf_appendf(&b, ", \"missing_ids_truncated\": %s, \"missing_examples\": ",
@@ -148,7 +188,16 @@ static void print_text(const struct ctl_args *a, const char *since, const char *
         if (released)
                 printf(" (%lld GAP_RELEASED record(s) left out)", released);
         printf("\nmessages    %10lld  messages read (%d partition(s))\n", n->messages, parts);
-        printf("missing     %10lld  rows with no message on Kafka\n", n->missing);
+        if (t->scanned)
+                printf("scanned     %10zu  partition(s) read from their start and filtered by "
+                       "timestamp (the broker cannot look offsets up by time)\n",
+                       t->scanned);
+        if (t->unread)
+                printf("missing              ?  cannot tell: %lld row(s) not found, and %zu "
+                       "partition(s) could not be read\n",
+                       n->missing, t->unread);
+        else
+                printf("missing     %10lld  rows with no message on Kafka\n", n->missing);
         printf("reorders    %10lld  first copies after a higher version's first copy (same "
                "aggregate, same partition)\n",
                n->reorders);
@@ -161,19 +210,35 @@ static void print_text(const struct ctl_args *a, const char *since, const char *
         const struct {
                 const char *title;
                 const struct db_rows *rows;
-        } lists[] = {{"missing", e->missing},
-                     {"reorders", e->reorders},
-                     {"duplicates", e->duplicates},
-                     {"unknown", e->unknown}};
+        } lists[] = {
+                {t->unread ? "not found, maybe in the partitions not read" : "missing", e->missing},
+                {"reorders", e->reorders},
+                {"duplicates", e->duplicates},
+                {"unknown", e->unknown}};
         for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
                 if (!lists[i].rows || lists[i].rows->nrows == 0)
                         continue;
                 printf("\n%s (first %d):\n", lists[i].title, lists[i].rows->nrows);
                 ctl_print_table(stdout, lists[i].rows);
         }
-        if (n->missing || n->reorders)
-                printf("\nresult: PROBLEM: %lld missing, %lld reorder(s)\n", n->missing,
-                       n->reorders);
+        if (t->unread) {
+                struct kafka_read_part p;
+                printf("\nnot read:\n");
+                for (size_t i = 0; i < kafka_reader_partitions(t->r); i++) {
+                        kafka_reader_partition(t->r, i, &p);
+                        if (p.unread)
+                                printf("  %s[%d]: %s\n", p.topic, p.partition, p.unread);
+                }
+        }
+        if (n->reorders)
+                printf("\nresult: PROBLEM: %lld reorder(s)%s\n", n->reorders,
+                       t->unread ? "; missing: cannot tell (partitions not read)" : "");
+        else if (t->unread)
+                printf("\nresult: CANNOT TELL: %zu partition(s) could not be read; the %lld "
+                       "row(s) not found may be there\n",
+                       t->unread, n->missing);
+        else if (n->missing)
+                printf("\nresult: PROBLEM: %lld missing\n", n->missing);
         else
                 printf("\nresult: ok\n");
 }
@@ -218,6 +283,7 @@ int ctl_reconcile(struct ctl *c) {
         log_debug("reconcile", "reading Kafka", "topics=%zu rows=%lld", t.n, rows);
         if (copy_messages(c, r, err, sizeof err) != 0)
                 goto fail;
+        count_partitions(&t);
         if (db_reconcile_counts(c->db, &n, err, sizeof err) != 0 ||
             db_reconcile_examples(c->db, DB_RC_MISSING, a->examples, &e.missing, err, sizeof err) !=
                     0 ||
@@ -236,7 +302,12 @@ int ctl_reconcile(struct ctl *c) {
         } else {
                 print_text(a, since, until, &t, &n, released, &e);
         }
-        rc = n.missing || n.reorders ? 1 : 0;
+        /* a reorder found is a problem whatever was not read; rows not
+         * found are one only when every partition was read */
+        rc = n.reorders ? 1 : t.unread ? CTL_EXIT_CANNOT_TELL : n.missing ? 1 : 0;
+        if (t.unread)
+                log_warn("reconcile", "cannot tell: partitions could not be read",
+                         "partitions=%zu not_found=%lld", t.unread, n.missing);
         goto out;
 fail:
         log_error("reconcile", "reconcile failed", "err=%s", err);

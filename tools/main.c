@@ -24,7 +24,9 @@ static void print_help(void) {
                "(reconcile)\n"
                "\nExit codes: 0 ok, 1 a problem found (reconcile: missing or reorders; "
                "replay: rows refused;\nrelease-gap: no gap; migrate: the database's schema is "
-               "newer) or a runtime error,\n2 usage or bad configuration.\n");
+               "newer) or a runtime error,\n2 usage, bad configuration or a server too old, 3 "
+               "reconcile cannot tell\n(partitions it could not read: rows not found may be "
+               "there).\n");
 }
 
 /* A usage error: one plain line (not a log line), naming what is wrong and

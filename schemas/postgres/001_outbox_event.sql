@@ -121,13 +121,19 @@ END IF;
 END
 $$;
 
--- One NOTIFY per inserting statement, on the channel '<schema>.<table>' (cut to
--- 63 bytes, PostgreSQL's limit for a channel name), so idle relays wake at once.
--- The relay LISTENs on the same name, resolved from OUTBOX_TABLE.
+-- One NOTIFY per inserting statement, on the channel '<schema>.<table>' cut to
+-- at most 63 bytes (PostgreSQL's limit for a channel name) on a character
+-- boundary, so idle relays wake at once. The relay LISTENs on the same name,
+-- resolved from OUTBOX_TABLE and cut the same way.
 CREATE OR REPLACE FUNCTION outbox_event_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    channel text := left(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 63);
 BEGIN
-    PERFORM pg_notify(left(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME, 63), '');
+    WHILE octet_length(channel) > 63 LOOP
+        channel := left(channel, -1);
+    END LOOP;
+    PERFORM pg_notify(channel, '');
     RETURN NULL;
 END;
 $$;

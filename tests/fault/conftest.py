@@ -40,6 +40,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (by name)
 from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
                      header, read_topics)
+from observe import register_markers  # noqa: E402
+
+
+def pytest_configure(config):
+    register_markers(config)
+
 
 # Short timeouts so every fault resolves in seconds (docs/DESIGN.md defaults are minutes).
 DELIVERY_TIMEOUT_MS = 3000

@@ -11,6 +11,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
 from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (used by name)
 from harness import TestSchema  # noqa: E402
+from observe import register_markers, report  # noqa: E402,F401  (report by name)
+
+
+def pytest_configure(config):
+    register_markers(config)
 
 
 @pytest.fixture

@@ -124,6 +124,78 @@ Test(config, identifiers) {
         cr_assert_neq(config_check_identifier(".a"), 0);
         cr_assert_neq(config_check_identifier("a-b"), 0);
         cr_assert_neq(config_check_identifier(""), 0);
+        /* non-ASCII letters, as PostgreSQL's unquoted identifiers take them */
+        cr_assert_eq(config_check_identifier("\xc3\xa9v\xc3\xa9nements.outbox_event"), 0);
+        cr_assert_neq(config_check_identifier("bad\xff.outbox_event"), 0);
+        cr_assert_neq(config_check_identifier("tab\tle"), 0);
+}
+
+/* Settings that are well-formed but cannot work: exit 2, naming the variable. */
+Test(config, settings_that_cannot_work) {
+        char long_id[300], long_template[300], literal_only[260];
+        memset(long_id, 'r', sizeof long_id - 1);
+        long_id[sizeof long_id - 1] = '\0';
+        snprintf(long_template, sizeof long_template, "%.247s.{aggregate_type}.{event_type}",
+                 long_id);
+        memset(literal_only, 't', sizeof literal_only - 1);
+        literal_only[sizeof literal_only - 1] = '\0';
+        struct {
+                const char *var, *val, *want;
+        } cases[] = {
+                {"OUTBOX_TOPIC_TEMPLATE", "outbox event.{aggregate_type}",
+                 "OUTBOX_TOPIC_TEMPLATE: ' ' (byte 0x20) at offset 6"},
+                {"OUTBOX_TOPIC_TEMPLATE", "outbox/{aggregate_type}", "OUTBOX_TOPIC_TEMPLATE:"},
+                {"OUTBOX_TOPIC_TEMPLATE", "caf\xc3\xa9.{aggregate_type}", "byte 0xc3"},
+                {"OUTBOX_TOPIC_TEMPLATE", "x}{aggregate_type}", "OUTBOX_TOPIC_TEMPLATE:"},
+                {"OUTBOX_TOPIC_TEMPLATE", long_template, "without the placeholders' values"},
+                {"OUTBOX_TOPIC_TEMPLATE", literal_only, "OUTBOX_TOPIC_TEMPLATE:"},
+                {"OUTBOX_TOPIC_TEMPLATE", "..", "not a legal Kafka topic name"},
+                {"OUTBOX_RELAY_ID", "relay\n1", "OUTBOX_RELAY_ID: not printable"},
+                {"OUTBOX_RELAY_ID", "relay\x1b[31m", "OUTBOX_RELAY_ID: not printable"},
+                {"OUTBOX_RELAY_ID", long_id, "OUTBOX_RELAY_ID: 299 bytes, at most 200"},
+                {"OUTBOX_PRODUCER_NAME", "svc\r\n", "OUTBOX_PRODUCER_NAME: not printable"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                init();
+                setenv(cases[i].var, cases[i].val, 1);
+                char *argv[] = {"outbox-relay"};
+                cr_assert_eq(load(1, argv), -1, "case %zu accepted", i);
+                cr_assert(strstr(err, cases[i].want), "case %zu: got '%s', want '%s'", i, err,
+                          cases[i].want);
+                cr_assert(!strchr(err, '\n'), "case %zu: one line: %s", i, err);
+                config_destroy(&cfg);
+        }
+        /* the sweeper's retention: at most 100 years */
+        init();
+        setenv("OUTBOX_RETENTION_S", "9223372036854775807", 1);
+        char *argv[] = {"outbox-sweeper"};
+        cr_assert_eq(config_load(&cfg, CONFIG_SWEEPER, 1, argv, stdout, err, sizeof err), -1);
+        cr_assert(strstr(err, "OUTBOX_RETENTION_S:"), "%s", err);
+}
+
+/* What works stays accepted: the edges of the rules above. */
+Test(config, settings_at_the_edges_are_accepted) {
+        char id[201], template[300];
+        memset(id, 'r', 200);
+        id[200] = '\0';
+        /* 247 literal characters and two placeholders: 249 with one-character values */
+        memset(template, 'a', 247);
+        snprintf(template + 247, sizeof template - 247, "{aggregate_type}{event_type}");
+        const char *const env[][2] = {
+                {"OUTBOX_TOPIC_TEMPLATE", "A-z_0.9-{tenant_id}.{aggregate_type}.{event_type}"},
+                {"OUTBOX_TOPIC_TEMPLATE", "fixed.topic"},
+                {"OUTBOX_TOPIC_TEMPLATE", template},
+                {"OUTBOX_RELAY_ID", id},
+                {"OUTBOX_RELAY_ID", "relay \xc3\xa9-7"},
+                {"OUTBOX_PRODUCER_NAME", "orders-service"},
+        };
+        for (size_t i = 0; i < sizeof env / sizeof env[0]; i++) {
+                init();
+                setenv(env[i][0], env[i][1], 1);
+                char *argv[] = {"outbox-relay"};
+                cr_assert_eq(load(1, argv), 0, "case %zu: %s", i, err);
+                config_destroy(&cfg);
+        }
 }
 
 /* What libpq refuses is bad configuration, named, without the password. */

@@ -228,3 +228,99 @@ Test(encode, rfc3339_refuses_what_it_cannot_write) {
         cr_expect_eq(encode_rfc3339_us(-211813488000000000LL, out, sizeof out), -1);
         cr_expect_eq(encode_rfc3339_us(9223371331200000000LL, out, sizeof out), -1);
 }
+
+Test(encode, utf8_prefix_cuts_on_a_character_boundary) {
+        /* "é" is 2 bytes, "€" 3, "😀" 4 */
+        struct {
+                const char *s;
+                size_t max, want;
+        } c[] = {
+                {"short", 63, 5},
+                {"abcdef", 3, 3},
+                {"abcdef", 0, 0},
+                {"a\xc3\xa9", 2, 1},                /* would split é */
+                {"a\xc3\xa9", 3, 3},                /* ends right after é */
+                {"\xe2\x82\xac\xe2\x82\xac", 4, 3}, /* inside the second € */
+                {"\xe2\x82\xac\xe2\x82\xac", 5, 3},
+                {"\xe2\x82\xac\xe2\x82\xac", 6, 6},
+                {"x\xf0\x9f\x98\x80y", 4, 1}, /* inside the emoji */
+                {"x\xf0\x9f\x98\x80y", 5, 5},
+        };
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+                cr_expect_eq(encode_utf8_prefix(c[i].s, c[i].max), c[i].want, "case %zu: %zu", i,
+                             encode_utf8_prefix(c[i].s, c[i].max));
+        /* the NOTIFY channel of a 63-byte table name "x" + 31 x "é" in
+         * schema "t_0123abcd": byte 63 falls inside an é, so 62 bytes remain */
+        char channel[200] = "t_0123abcd.x";
+        for (int i = 0; i < 31; i++)
+                strcat(channel, "\xc3\xa9");
+        cr_assert_eq(strlen(channel), 74);
+        cr_assert_eq(encode_utf8_prefix(channel, 63), 62);
+        /* a 52-byte schema of "é" and the table outbox_event: the cut falls in
+         * the ASCII table name, at 63 bytes (the trigger used to cut 63
+         * characters, 65 bytes, which PostgreSQL refuses) */
+        char wide[200] = "";
+        for (int i = 0; i < 26; i++)
+                strcat(wide, "\xc3\xa9");
+        strcat(wide, ".outbox_event");
+        cr_assert_eq(encode_utf8_prefix(wide, 63), 63);
+}
+
+Test(encode, utf8_printable) {
+        const char *good[] = {"",
+                              "relay-1",
+                              "pod_7.zone-a",
+                              "caf\xc3\xa9",
+                              "\xe2\x82\xac",
+                              "\xf0\x9f\x98\x80",
+                              "with space"};
+        const char *bad[] = {"new\nline",
+                             "tab\t",
+                             "bell\x07",
+                             "del\x7f",
+                             "c1 \xc2\x85",
+                             "cut \xc3",
+                             "bad \xff",
+                             "overlong \xc0\xaf",
+                             "surrogate \xed\xa0\x80",
+                             "past \xf4\x90\x80\x80"};
+        for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+                cr_expect(encode_utf8_printable(good[i]), "%s", good[i]);
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                cr_expect(!encode_utf8_printable(bad[i]), "case %zu", i);
+}
+
+Test(encode, topic_is_legal) {
+        char longest[ENCODE_TOPIC_MAX + 2];
+        memset(longest, 'a', sizeof longest);
+        longest[ENCODE_TOPIC_MAX] = '\0';
+        const char *good[] = {"orders", "outbox.event.Order", "a-b_c.D9", "...", "_", longest};
+        for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+                cr_expect(encode_topic_is_legal(good[i]), "%s", good[i]);
+        longest[ENCODE_TOPIC_MAX] = 'a';
+        longest[ENCODE_TOPIC_MAX + 1] = '\0';
+        const char *bad[] = {"",    ".",   "..",        "with space", "slash/es", "caf\xc3\xa9",
+                             "a:b", "{x}", "new\nline", longest};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                cr_expect(!encode_topic_is_legal(bad[i]), "case %zu", i);
+}
+
+Test(encode, topic_column_names_the_culprit) {
+        struct outbox_event ev = sample();
+        cr_expect_str_eq(encode_topic_column("x.{aggregate_type}", &ev), "aggregate_type");
+        ev.event_type = "Order Created";
+        cr_expect_str_eq(encode_topic_column("{aggregate_type}.{event_type}", &ev), "event_type");
+        ev.event_type = "OrderCreated";
+        ev.tenant_id = "t/1";
+        cr_expect_str_eq(encode_topic_column("{aggregate_type}.{tenant_id}", &ev), "tenant_id");
+        /* only too long: the longest value */
+        char big[300];
+        memset(big, 'x', sizeof big - 1);
+        big[sizeof big - 1] = '\0';
+        ev.tenant_id = "acme";
+        ev.aggregate_id = "o-1";
+        ev.event_type = big;
+        cr_expect_str_eq(encode_topic_column("{aggregate_type}.{event_type}", &ev), "event_type");
+        ev.topic_name = "bad topic";
+        cr_expect_str_eq(encode_topic_column("{aggregate_type}", &ev), "topic_name");
+}

@@ -1,0 +1,300 @@
+"""Maintenance on the outbox table while relays publish: nothing the relay
+runs waits behind it for longer than its timeouts, a wait is logged with its
+blocker, and a relay that cannot work says so (docs/DESIGN.md,
+"Observability").
+
+  - CREATE INDEX CONCURRENTLY, held in its last phase by an old snapshot:
+    it keeps SHARE UPDATE EXCLUSIVE on the table, which the relay's own
+    ANALYZE (the planner's estimate of a 60000-row backlog is off) waits for.
+    The backlog is published meanwhile; the log names the index build's pid.
+  - A DBA's transaction holding ACCESS EXCLUSIVE for 20 s: no relay statement
+    waits for it longer than OUTBOX_DB_LOCK_TIMEOUT_MS, /readyz is 503 with a
+    reason while it lasts, the log names its pid and application_name, and
+    publishing resumes within seconds of its end.
+  - VACUUM and VACUUM ANALYZE in a loop: publishing never pauses.
+G1 and G2 on Apache Kafka in each.
+
+Relays run with OUTBOX_DB_LOCK_TIMEOUT_MS = DB_LOCK_TIMEOUT_MS and
+OUTBOX_STATEMENT_TIMEOUT_MS = STATEMENT_TIMEOUT_MS."""
+import re
+import threading
+import time
+
+import psycopg2
+
+from conftest import check_audit, check_kafka, relay_env
+from harness import Relay, free_port, make_events, wait_until
+from observe import NEW_CORE, log_records, readyz
+
+DB_LOCK_TIMEOUT_MS = 2000
+STATEMENT_TIMEOUT_MS = 5000
+POLL_MS = 100
+STALL_BOUND_S = (2 * POLL_MS + STATEMENT_TIMEOUT_MS) / 1000
+# Longest pause in publishing the tests allow while maintenance runs that
+# the relay can work beside: a statement gives up after the lock timeout, and
+# the next turn of the loop goes on (one poll interval, one batch's time).
+MAX_PAUSE_S = DB_LOCK_TIMEOUT_MS / 1000 + 1.5
+# Longest wait of a relay statement for a lock, as pg_stat_activity shows it
+# (the lock timeout, plus the polling's own granularity).
+MAX_LOCK_WAIT_S = DB_LOCK_TIMEOUT_MS / 1000 + 0.5
+HOLD_S = 20
+DBA = "dba-maintenance"
+
+
+def env_for(db, kafka, rid, port, **extra):
+    return relay_env(db, kafka, rid, OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port,
+                     OUTBOX_POLL_INTERVAL_MS=POLL_MS,
+                     OUTBOX_DB_LOCK_TIMEOUT_MS=DB_LOCK_TIMEOUT_MS,
+                     OUTBOX_STATEMENT_TIMEOUT_MS=STATEMENT_TIMEOUT_MS, **extra)
+
+
+def dba(db):
+    """A session of its own, as a DBA's psql would be."""
+    conn = psycopg2.connect(db.pg.url, application_name=DBA)
+    conn.autocommit = True
+    return conn
+
+
+class Writer(threading.Thread):
+    """Inserts `per_step` rows every `every_s` (new aggregates, version 1, so
+    nothing is held by the guard) until stopped; a step may block (a lock)."""
+
+    def __init__(self, db, per_step=20, every_s=0.05, prefix="w"):
+        super().__init__(daemon=True)
+        self.db, self.per_step, self.every_s, self.prefix = db, per_step, every_s, prefix
+        self.stopped = threading.Event()
+        self.n = 0
+        self.error = None
+
+    def run(self):
+        conn = psycopg2.connect(self.db.pg.url)
+        conn.autocommit = True
+        try:
+            while not self.stopped.is_set():
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version,"
+                                " event_type, payload_json) SELECT 'Order', %%s || i, 1, 'E',"
+                                " '{}' FROM generate_series(%%s, %%s) i" % self.db.table,
+                                (self.prefix, self.n, self.n + self.per_step - 1))
+                self.n += self.per_step
+                time.sleep(self.every_s)
+        except Exception as e:  # reported by stop()
+            self.error = e
+        finally:
+            conn.close()
+
+    def stop(self):
+        self.stopped.set()
+        self.join(60)
+        assert not self.is_alive(), "writer still blocked"
+        assert self.error is None, self.error
+        return self.n
+
+
+def max_latency_s(db, since_sql="TRUE"):
+    """Longest created_at -> published_at of the rows matching since_sql."""
+    r = db.execute("SELECT coalesce(max(extract(epoch FROM published_at - created_at)), 0)"
+                   "::float8 AS s FROM %s WHERE status = 'PUBLISHED' AND %s"
+                   % (db.table, since_sql))
+    return r[0]["s"]
+
+
+def lock_waits(conn):
+    """Relay backends waiting for a heavyweight lock, and for how long."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pid, extract(epoch FROM now() - coalesce(state_change,"
+                    " query_start))::float8, left(query, 60) FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'outbox-relay%%' AND wait_event_type = 'Lock'")
+        return cur.fetchall()
+
+
+def names_blocker(text, pid, app=None):
+    """Warn lines naming pid (a field holding exactly it) and app."""
+    rx = re.compile(r'\b\w*pid="?%d"?(\s|$)' % pid)
+    return [r["_line"] for r in log_records(text)
+            if r.get("level") in ("warn", "error") and rx.search(r["_line"])
+            and (app is None or app in r["_line"])]
+
+
+def finish(db, kafka, relays, report_line, report):
+    table = db.rows()
+    assert all(r["status"] == "PUBLISHED" for r in table), db.status_counts()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, ["%s.Order" % db.schema], table,
+                               dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    assert len(kc.ids) == len(table)
+    report(report_line)
+
+
+@NEW_CORE
+def test_create_index_concurrently_does_not_hold_publishing(db, kafka, tmp_path, report):
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    # A backlog the planner knows nothing about (never analyzed): the relay
+    # finds its estimate off and wants to ANALYZE.
+    db.execute("ALTER TABLE %s SET (autovacuum_enabled = false)" % db.table)
+    db.execute("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+               " payload_json) SELECT 'Order', 'b' || i, 1, 'E', '{}'"
+               " FROM generate_series(1, 60000) i" % db.table)
+    old = dba(db)
+    old.autocommit = False
+    with old.cursor() as cur:  # an old snapshot the index build must wait for
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur.execute("SELECT 1")
+    cic = dba(db)
+    with cic.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        cic_pid = cur.fetchone()[0]
+    errors = []
+
+    def build():
+        try:
+            with cic.cursor() as cur:
+                cur.execute("CREATE INDEX CONCURRENTLY outbox_event_maint_idx ON %s (trace_id)"
+                            % db.table)
+        except Exception as e:
+            errors.append(e)
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    watch = dba(db)
+    try:
+        wait_until(lambda: [r for r in lock_waits_any(watch, cic_pid) if r], 30,
+                   what="CREATE INDEX CONCURRENTLY waiting for the old snapshot")
+        port = free_port()
+        writer = Writer(db)
+        started = time.monotonic()
+        with Relay("outbox-relay", name="r-cic", log_dir=tmp_path,
+                   env=env_for(db, kafka, "r-cic", port)) as relay:
+            writer.start()
+            try:
+                backlog_done = wait_until(
+                    lambda: db.count("aggregate_id LIKE 'b%%' AND status = 'PUBLISHED'") == 60000
+                    and time.monotonic(), HOLD_S, interval=0.2,
+                    what="the 60000-row backlog published while the index build holds its lock")
+            except AssertionError as e:
+                raise AssertionError("%s: %d published; the relay's sessions: %s" % (
+                    e, db.count("status = 'PUBLISHED'"), relay_sessions(watch))) from None
+            assert builder.is_alive(), "the index build ended early: %s" % errors
+            named = wait_until(lambda: names_blocker(relay.log_text(), cic_pid), 10,
+                               what="a warn line naming the index build's pid %d" % cic_pid)
+            n = writer.stop()
+            old.rollback()  # the index build finishes
+            builder.join(60)
+            assert not errors, errors
+            wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+            assert relay.stop() == 0
+        latency = max_latency_s(db, "aggregate_id LIKE 'w%'")
+    finally:
+        for c in (old, cic, watch):
+            c.close()
+    assert latency < MAX_PAUSE_S, "a row written during the index build waited %.1f s" % latency
+    finish(db, kafka, [relay], "CREATE INDEX CONCURRENTLY held %.0f s: 60000-row backlog out in"
+           " %.1f s, %d rows written meanwhile waited at most %.2f s; blocker named: %s"
+           % (time.monotonic() - started, backlog_done - started, n, latency, named[0][:300]),
+           report)
+
+
+def relay_sessions(conn):
+    with conn.cursor() as cur:
+        cur.execute("SELECT pid, state, wait_event_type, wait_event, pg_blocking_pids(pid),"
+                    " left(query, 50) FROM pg_stat_activity"
+                    " WHERE application_name LIKE 'outbox-relay%%'")
+        return cur.fetchall()
+
+
+def lock_waits_any(conn, pid):
+    with conn.cursor() as cur:
+        cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s"
+                    " AND wait_event_type = 'Lock'", (pid,))
+        return [r[0] for r in cur.fetchall()]
+
+
+@NEW_CORE
+def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_path, report):
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    db.insert_events(make_events(aggregates=500, versions=20))
+    port = free_port()
+    holder = dba(db)
+    watch = dba(db)
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        holder_pid = cur.fetchone()[0]
+    try:
+        with Relay("outbox-relay", name="r-lock", log_dir=tmp_path,
+                   env=env_for(db, kafka, "r-lock", port, OUTBOX_BATCH_SIZE=200)) as relay:
+            wait_until(lambda: db.count("status = 'PUBLISHED'") >= 1000, 60,
+                       what="the relay publishing")
+            holder.autocommit = False
+            with holder.cursor() as cur:
+                cur.execute("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE" % db.table)
+            locked_at = time.monotonic()
+            answers, waits = [], []
+            while time.monotonic() - locked_at < HOLD_S:
+                answers.append((time.monotonic() - locked_at, readyz(port)))
+                waits += [w for w in lock_waits(watch) if w[1] is not None]
+                time.sleep(0.2)
+            holder.commit()
+            released_at = time.monotonic()
+            before = db.count("status = 'PUBLISHED'")
+            wait_until(lambda: db.count("status = 'PUBLISHED'") > before, 10, interval=0.05,
+                       what="publishing resumed after the lock ended")
+            resumed_s = time.monotonic() - released_at
+            wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 90, what="all PUBLISHED")
+            wait_until(lambda: readyz(port).status == 200, 10, what="/readyz 200 again")
+            assert relay.stop() == 0
+    finally:
+        holder.close()
+        watch.close()
+    longest = max((w[1] for w in waits), default=0.0)
+    assert longest <= MAX_LOCK_WAIT_S, \
+        "a relay statement waited %.1f s for the lock: %s" % (longest, max(waits, key=lambda w: w[1]))
+    not_ready = [(t, r) for t, r in answers if r.status == 503]
+    assert not_ready, "/readyz never 503 during the %d s lock: %s" % (HOLD_S, answers[-1])
+    first = not_ready[0][0]
+    assert first <= DB_LOCK_TIMEOUT_MS / 1000 + STALL_BOUND_S + 1, first
+    assert all(r.status == 503 for t, r in answers if t >= first + 1), \
+        [(round(t, 1), r.status) for t, r in answers if t >= first + 1 and r.status != 503]
+    reasons = not_ready[-1][1].failing()
+    assert reasons, not_ready[-1][1]
+    named = names_blocker(relay.log_text(), holder_pid, DBA)
+    assert named, "no warn line names the lock holder (pid %d, %s)" % (holder_pid, DBA)
+    assert resumed_s < 5, resumed_s
+    finish(db, kafka, [relay], "ACCESS EXCLUSIVE held %d s: longest relay lock wait %.2f s; "
+           "/readyz 503 from %.1f s (%s: %s); blocker named: %s; resumed %.2f s after COMMIT"
+           % (HOLD_S, longest, first, reasons,
+              not_ready[-1][1].condition(reasons[0]).get("reason"), named[0][:300], resumed_s),
+           report)
+
+
+def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, report):
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    db.insert_events(make_events(aggregates=200, versions=10))
+    port = free_port()
+    maint = dba(db)
+    runs = 0
+    try:
+        with Relay("outbox-relay", name="r-vac", log_dir=tmp_path,
+                   env=env_for(db, kafka, "r-vac", port)) as relay:
+            wait_until(lambda: readyz(port).status == 200, 20, what="/readyz 200")
+            writer = Writer(db)
+            writer.start()
+            t0 = time.monotonic()
+            answers = []
+            while time.monotonic() - t0 < 10:
+                with maint.cursor() as cur:
+                    cur.execute(("VACUUM ANALYZE %s" if runs % 2 else "VACUUM %s") % db.table)
+                runs += 1
+                answers.append(readyz(port).status)
+                time.sleep(0.2)
+            n = writer.stop()
+            wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+            assert relay.stop() == 0
+    finally:
+        maint.close()
+    latency = max_latency_s(db, "aggregate_id LIKE 'w%'")
+    assert latency < MAX_PAUSE_S, "a row written during VACUUM waited %.1f s" % latency
+    assert all(s == 200 for s in answers), answers
+    finish(db, kafka, [relay], "%d VACUUM / VACUUM ANALYZE runs in 10 s beside the relay: %d"
+           " rows written meanwhile waited at most %.2f s; /readyz 200 throughout"
+           % (runs, n, latency), report)
