@@ -182,12 +182,15 @@ static int send_session(struct db *db, char *errstr, size_t size) {
          * these statements), and generic plans (planned once per session:
          * the statements' shapes do not depend on their parameters). An
          * idle transaction cannot hold rows: the daemons never leave one
-         * open, so a frozen process's is ended by the server. */
+         * open, so a frozen process's is ended by the server. The
+         * statement timeout comes first: each statement of the string runs
+         * under the one before it set (the database's default for the
+         * first), so only the first can meet a database's tiny default. */
         if (!lit ||
             buf_appendf(&q,
-                        "SET default_transaction_isolation = 'read committed';"
+                        "SET statement_timeout = %d; SET lock_timeout = %d;"
+                        " SET default_transaction_isolation = 'read committed';"
                         " SET default_transaction_read_only = off;"
-                        " SET statement_timeout = %d; SET lock_timeout = %d;"
                         " SET idle_in_transaction_session_timeout = %d;"
                         " SET jit = off; SET plan_cache_mode = force_generic_plan;"
                         " SET tcp_user_timeout = %d;",

@@ -285,7 +285,8 @@ static int fill(struct row *w, const struct db_result *r, int k, long long max_r
                          "occurred_at is outside what RFC 3339 can write (years 0001-9999): %s",
                          us == INT64_MAX   ? "infinity"
                          : us == INT64_MIN ? "-infinity"
-                                           : "out of range");
+                         : us < 0          ? "a date before year 1"
+                                           : "a date after year 9999");
                 return -1;
         }
         /* seconds since 1970 from microseconds since 2000 */

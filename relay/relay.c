@@ -1118,9 +1118,13 @@ static void horizon_seen(struct relay *r, const struct db_result *res) {
                     db_result_value(res, 0, 5)[0];
         double age = holds ? value_f(res, 0, 4) : 0;
         if (!holds || age < HORIZON_REPORT_S) {
+                int same = db_result_rows(res) == 1 && !db_result_isnull(res, 0, 0) &&
+                           (int)db_int(db_result_value(res, 0, 0), 4) == r->horizon_pid;
                 if (r->horizon_pid)
-                        log_info("relay", "the long transaction ended or no longer holds rows back",
-                                 NULL);
+                        log_info("relay",
+                                 same ? "the long transaction no longer holds rows back"
+                                      : "the long transaction ended",
+                                 "pid=%d", r->horizon_pid);
                 r->horizon_pid = 0;
                 metrics_set(M_OLDEST_TRANSACTION_AGE, NULL, 0);
                 return;
