@@ -30,6 +30,14 @@
 #define MAX_BATCHES 4
 /* The most text one fetch brings (rows beyond it are fetched next). */
 #define FETCH_BYTES_MAX (4LL << 20)
+/* The first lock after start, a reconnect or a lock that found less than it
+ * asked for (the relay had caught up) takes at most this many rows, each
+ * full one after it LOCK_RAMP times as many, up to a batch: the first events
+ * of a backlog or a burst wait for a small lock, not a batch's. */
+#define LOCK_FIRST_ROWS 16
+#define LOCK_RAMP       4
+/* At start, side work waits for the first lock's answer at most this long. */
+#define SIDE_FIRST_WAIT_S 1.0
 /* Outcomes wait this long for others to share their mark statement. */
 #define MARK_LINGER_S 0.002
 /* After a lock that did not fill its batch, the next waits at least this
@@ -83,7 +91,7 @@ struct conn {
         int backoff_ms;
         int failures;   /* connects failed in a row */
         int restarting; /* closed on purpose: a fresh session cures a statement */
-        char why[256];
+        char why[512];
 };
 
 /* One statement's failures in a row, for its backoff and readiness. */
@@ -125,6 +133,9 @@ struct relay {
         double next_lock;       /* lock at the latest then (the poll interval) */
         double lock_not_before; /* after a short batch, not before this */
         int lock_limit;         /* the lock statement in flight asked for this many */
+        int lock_ramp;          /* the next lock takes at most this many rows */
+        int holding_full;       /* the last lock was skipped: holding as many as it may */
+        double side_not_before; /* side work waits for the first lock (or this time) */
         long lock_gen;          /* db_connects() of the lock connection when it was sent */
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
@@ -270,8 +281,10 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
                          "connection=%s retry_ms=%d err=%s", conn_names[c], retry, why);
         snprintf(cn->why, sizeof cn->why, "%s", why);
 forget:
-        if (c == C_LOCK)
+        if (c == C_LOCK) {
                 r->fetching = NULL; /* fetched again on the next connection */
+                r->lock_ramp = LOCK_FIRST_ROWS;
+        }
         if (c == C_MARK)
                 for (size_t i = 0; i < r->nmarking; i++) {
                         /* the mark's outcome is unknown: it is sent again, and
@@ -545,6 +558,8 @@ static int lock_limit(const struct relay *r) {
         long long bytes = r->cfg->batch_bytes - r->bytes_held;
         if (rows > r->cfg->batch_size)
                 rows = r->cfg->batch_size;
+        if (rows > r->lock_ramp)
+                rows = r->lock_ramp;
         if (r->row_bytes > 0 && bytes / r->row_bytes + 1 < rows)
                 rows = (long long)(bytes / r->row_bytes) + 1;
         return rows > 0 && bytes > 0 && r->nbatches < MAX_BATCHES * 2 ? (int)rows : 0;
@@ -623,10 +638,11 @@ static void lock_or_fetch(struct relay *r, double now) {
         health_holding_full(r->health, limit == 0);
         if (limit > 0)
                 send_lock(r, limit, now);
-        else
+        else if (!r->holding_full)
                 log_debug("relay", "not locking: holding as many rows as it may",
                           "rows_held=%lld bytes_held=%lld batches=%zu", r->rows_open, r->bytes_held,
                           r->nbatches);
+        r->holding_full = limit == 0;
 }
 
 /* Learns the size of the rows a lock took (their average, half-weighted
@@ -655,8 +671,14 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         }
         stmt_ok(r, r->lock_stmt);
         health_lock_done(r->health, now);
+        r->side_not_before = 0; /* the first lock is done: side work may compete with it */
         metrics_set(M_LAST_LOCK_TIMESTAMP, NULL, clock_wall_s());
         int n = db_result_rows(res);
+        if (n >= r->lock_limit)
+                r->lock_ramp =
+                        r->lock_ramp > INT_MAX / LOCK_RAMP ? INT_MAX : r->lock_ramp * LOCK_RAMP;
+        else
+                r->lock_ramp = LOCK_FIRST_ROWS;
         if (n == 0) {
                 log_debug("relay", "locked", "rows=0 limit=%d rows_held=%lld", r->lock_limit,
                           r->rows_open);
@@ -1000,7 +1022,7 @@ static long oldest_gen(const struct relay *r) {
  * this relay id holds that no batch has; tell who blocks a statement that
  * waits; sample the table (then its gaps, what they hold, the horizon). */
 static void side_work(struct relay *r, double now) {
-        if (!idle(r, C_SIDE))
+        if (!idle(r, C_SIDE) || now < r->side_not_before)
                 return;
         struct db *lockdb = db_of(r, C_LOCK);
         if (r->take_back_wanted && db_async_phase(lockdb) >= DB_IDLE &&
@@ -1393,6 +1415,10 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         r->http = http;
         r->seed = (unsigned)time(NULL) ^ (unsigned)getpid();
         r->lock_stmt = cfg->ordering == ORDERING_NONE ? RELAY_SQL_LOCK_NONE : RELAY_SQL_LOCK;
+        r->lock_ramp = LOCK_FIRST_ROWS;
+        /* nothing on the side connection (a take-back or a sample over the
+         * whole table) competes with the first lock for the server */
+        r->side_not_before = clock_mono_s() + SIDE_FIRST_WAIT_S;
         r->health = health_new(health_names, H_COUNT,
                                2.0 * cfg->poll_interval_ms / 1000.0 +
                                        cfg->statement_timeout_ms / 1000.0);
