@@ -62,8 +62,8 @@ static const struct opt opts[] = {
         {"OUTBOX_BATCH_SIZE", T_INT, "500", O(batch_size), RELAY, 1, 100000, NULL,
          "rows locked per batch"},
         {"OUTBOX_BATCH_BYTES", T_LL, "16777216", O(batch_bytes), RELAY, 65536, 1073741824, NULL,
-         "the rows a relay holds (its batch and the one locked ahead), in bytes of their "
-         "payloads, headers and other text; one row always goes, however large"},
+         "bytes of row content (payloads, headers, other text) a relay holds fetched and not "
+         "yet produced; one row always goes, however large"},
         {"OUTBOX_POLL_INTERVAL_MS", T_INT, "200", O(poll_interval_ms), RELAY, 1, 3600000, NULL,
          "longest idle wait; NOTIFY wakes sooner"},
         {"OUTBOX_ORDERING", T_ENUM, "aggregate", O(ordering), BOTH, 0, 0, ordering_names,
@@ -117,7 +117,7 @@ static const struct opt opts[] = {
          "true: keep each aggregate's latest published row past retention, so a gap after it "
          "is still seen (OUTBOX_ORDERING=aggregate; one row per aggregate, kept)"},
         {"OUTBOX_DELETE_BATCH", T_INT, "1000", O(delete_batch), SWEEPER, 1, 1000000, NULL,
-         "rows deleted per statement"},
+         "rows per stale-lock and retention statement (10 x for parking)"},
 #ifdef OUTBOX_TEST_HOOKS
         {"OUTBOX_TEST_LOCK_DELAY_MS", T_INT, "0", O(test_lock_delay_ms), RELAY, 0, 3600000, NULL,
          "test hook: every lock statement pauses this long before its row locks"},
