@@ -4,9 +4,9 @@ message on the same Apache Kafka broker.
 Debezium 3.7 (its PostgreSQL connector with pgoutput and the outbox EventRouter, in
 Kafka Connect standalone, tests/bench/debezium/connect) streams three tables of one
 PostgreSQL server started with wal_level=logical; outbox-relay then publishes the
-same rows with the settings README's "Coming from Debezium" maps. Both write into the
+same rows with the settings docs/debezium.md maps. Both write into the
 same topics; a message is Debezium's when it has the `id` header, ours when it has
-`event-id`. README's table says which of its rows this test observes.
+`event-id`. docs/debezium.md's table says which of its rows this test observes.
 
 - routing: default routing (route.by.field=aggregate_type, key aggregate_id) against
   OUTBOX_VALUE_FORMAT=payload and the {aggregate_type} template
@@ -43,7 +43,7 @@ NESTED = {"order": {"id": "o-1", "lines": [{"sku": "A-1", "qty": 2, "price": 9.5
 ESCAPES = {"s": "a\"b\\c\nd\te", "empty": "", "nul_member": None, "no_items": [],
            "deep": {"a": {"b": {"c": [[1, 2], [3]]}}}, "obj": {}}
 
-# Payloads Debezium's JSON expansion does not keep as they are (see README): the
+# Payloads Debezium's JSON expansion does not keep as they are (see docs/debezium.md): the
 # value Debezium sent, observed with Debezium 3.7.0.
 QUIRKS = [
     ("q-text", '"just text"', json.dumps('"just text"')),
