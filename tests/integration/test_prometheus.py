@@ -597,14 +597,12 @@ def test_zz_relay_gone_raises_heartbeat_alert(live):
 
 
 def test_runbook_anchors_exist():
-    """Every alert's runbook_url anchor is a heading of the operations guide
-    (docs/operations.md, README.md until it exists)."""
+    """Every alert's runbook_url anchor is a heading of the operations guide,
+    docs/operations.md."""
     with open(os.path.join(CHART, "files", "alerts.yaml"), encoding="utf-8") as f:
         anchors = set(re.findall(r"#(runbook-[a-z0-9-]+)", f.read()))
     slugs = set()
     guide = os.path.join(repo_root(), "docs", "operations.md")
-    if not os.path.exists(guide):
-        guide = os.path.join(repo_root(), "README.md")
     with open(guide, encoding="utf-8") as f:
         for h in re.findall(r"^#{1,6}\s+(.+?)\s*$", f.read(), re.M):
             slugs.add(re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-"))

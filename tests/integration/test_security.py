@@ -1,7 +1,7 @@
 """The relay against Apache Kafka secured as production runs it: a SASL_SSL
 listener (TLS from a CA the launcher makes for the test, SASL users for
 SCRAM-SHA-512 and PLAIN), configured only through the OUTBOX_KAFKA_* variables
-README.md documents under "Against a real Kafka cluster" (the same names the
+docs/operations.md documents under "Against a real Kafka cluster" (the same names the
 Helm chart renders: tests/helm/run checks that side).
 
 Brokers: one Apache Kafka node of this module's own for each supported line
@@ -25,12 +25,12 @@ from harness import (KafkaCluster, Relay, free_port, header, http_status, make_e
 pytestmark = pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLS:DeprecationWarning")
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+GUIDE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "operations.md")
 
 
-def readme_kafka_variables():
-    """The OUTBOX_KAFKA_* names the README's SASL_SSL example exports."""
-    with open(README, encoding="utf-8") as f:
+def guide_kafka_variables():
+    """The OUTBOX_KAFKA_* names docs/operations.md's SASL_SSL example exports."""
+    with open(GUIDE, encoding="utf-8") as f:
         text = f.read()
     section = text.split("## Against a real Kafka cluster", 1)[1].split("\n## ", 1)[0]
     block = section.split("```sh", 1)[1].split("```", 1)[0]
@@ -51,14 +51,14 @@ def secured_kafka3():
 
 
 def sasl_env(db, broker, mechanism, password, **extra):
-    """A relay on the test's table, its Kafka settings exactly README's."""
+    """A relay on the test's table, its Kafka settings exactly docs/operations.md's."""
     kafka = {"OUTBOX_KAFKA_BOOTSTRAP_SERVERS": broker.sasl_bootstrap,
              "OUTBOX_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
              "OUTBOX_KAFKA_SASL_MECHANISMS": mechanism,
              "OUTBOX_KAFKA_SASL_USERNAME": broker.sasl_user,
              "OUTBOX_KAFKA_SASL_PASSWORD": password,
              "OUTBOX_KAFKA_SSL_CA_LOCATION": broker.ca_path}
-    assert set(kafka) == readme_kafka_variables(), "README's SASL_SSL example changed"
+    assert set(kafka) == guide_kafka_variables(), "docs/operations.md's SASL_SSL example changed"
     env = relay_env(db, broker, **kafka, **extra)
     return env
 
@@ -158,19 +158,19 @@ def report(request, capsys):
 
 def test_sasl_ssl_plain_publishes(db, secured, tmp_path, report):
     n = publishes(db, secured, tmp_path, "PLAIN")
-    report("SASL_SSL + PLAIN, TLS from the test's CA, only README's variables: %d messages "
+    report("SASL_SSL + PLAIN, TLS from the test's CA, only docs/operations.md's variables: %d messages "
            "published and read back over SASL_SSL", n)
 
 
 def test_sasl_ssl_scram_sha_512(db, secured, tmp_path, report):
     n = publishes(db, secured, tmp_path, "SCRAM-SHA-512")
-    report("SASL_SSL + SCRAM-SHA-512 against Apache Kafka %s, only README's variables: "
+    report("SASL_SSL + SCRAM-SHA-512 against Apache Kafka %s, only docs/operations.md's variables: "
            "%d messages published and read back", kafka_version(secured), n)
 
 
 def test_sasl_ssl_scram_sha_512_on_kafka_3(db, secured_kafka3, tmp_path, report):
     n = publishes(db, secured_kafka3, tmp_path, "SCRAM-SHA-512")
-    report("SASL_SSL + SCRAM-SHA-512 against Apache Kafka %s, only README's variables: "
+    report("SASL_SSL + SCRAM-SHA-512 against Apache Kafka %s, only docs/operations.md's variables: "
            "%d messages published and read back", kafka_version(secured_kafka3), n)
 
 
