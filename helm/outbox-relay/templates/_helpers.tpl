@@ -300,7 +300,7 @@ period of a SIGTERM and the memory limit (formulas in values.yaml).
 {{- $need := addf 20971520.0 (mulf 1.5 $bb) (mulf 3.0 $mmb) -}}
 {{- $bytes := float64 (include "outbox-relay.quantityBytes" $limit) -}}
 {{- if lt $bytes $need }}
-{{- fail (printf "relay.resources.limits.memory %v is below the %d MiB a relay can need: 20 MiB + 1.5 x config.batchBytes %d + 3 x message.max.bytes %d (README \"Memory\"); it would be OOM-killed mid-batch" $limit (int64 (ceil (divf $need 1048576.0))) (int64 $bb) (int64 $mmb)) }}
+{{- fail (printf "relay.resources.limits.memory %v is below the %d MiB a relay can need: 20 MiB + 1.5 x config.batchBytes %d + 3 x message.max.bytes %d (docs/operations.md, \"Memory\"); it would be OOM-killed mid-batch" $limit (int64 (ceil (divf $need 1048576.0))) (int64 $bb) (int64 $mmb)) }}
 {{- end }}
 {{- end }}
 {{- end }}
