@@ -13,6 +13,7 @@
 #include "db_internal.h"
 #include "encode.h"
 #include "errstr.h"
+#include "metrics.h"
 
 /* PostgreSQL's longest identifier, and so NOTIFY channel name. */
 #define CHANNEL_MAX 63
@@ -88,6 +89,8 @@ PGresult *db_run(struct db *db, const struct db_stmt *s, const char *const *para
         if (PQresultStatus(r) == want)
                 return r;
         errstr_set(errstr, size, "%s: %s", s->what, PQerrorMessage(db->conn));
+        const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+        metrics_add2(M_STATEMENT_ERRORS, s->name, state ? state : "", 1);
         db_check_result(db, r);
         PQclear(r);
         return NULL;

@@ -1,5 +1,5 @@
 """Memory is bounded by bytes, not rows: OUTBOX_BATCH_BYTES caps what a relay
-holds (its batch and the one locked ahead), so rows with large payloads come
+holds, so rows with large payloads come
 a few at a time, and one row larger than the budget still goes out alone. The
 lock audit tells how many rows a relay held at once; Apache Kafka gets every
 row, in order."""

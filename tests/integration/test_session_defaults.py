@@ -1,5 +1,5 @@
 """The daemons' sessions set what they rely on, whatever the database's
-defaults (docs/DESIGN.md, "Configuration"): a database whose defaults are
+defaults (docs/DESIGN.md, "Sessions"): a database whose defaults are
 hostile (ALTER DATABASE ... SET: serializable isolation, a 1 ms statement
 timeout, lock timeout and idle-in-transaction timeout, a +14:00 time zone,
 another DateStyle, an empty search_path) is served like any other. The relay

@@ -286,21 +286,21 @@ period of a SIGTERM and the memory limit (formulas in values.yaml).
 {{- $props := .props -}}
 {{- $dt := int (include "outbox-relay.deliveryTimeoutMs" $props) -}}
 {{- $st := int ($.Values.config.statementTimeoutMs | default 10000) -}}
-{{- $graceMs := add $dt 1000 (mul 2 $st) -}}
+{{- $graceMs := add $dt 10000 (mul 2 $st) -}}
 {{- $grace := div (add $graceMs 999) 1000 -}}
 {{- $have := int $.Values.relay.terminationGracePeriodSeconds -}}
 {{- if lt $have $grace }}
-{{- fail (printf "relay.terminationGracePeriodSeconds %d is shorter than the %d s a relay needs to stop cleanly: delivery.timeout.ms %d + 1000 + 2 x config.statementTimeoutMs %d (values.yaml); a SIGKILL mid-batch leaves rows PUBLISHING until the sweeper takes them back" $have $grace $dt $st) }}
+{{- fail (printf "relay.terminationGracePeriodSeconds %d is shorter than the %d s a relay needs to stop cleanly: delivery.timeout.ms %d + 10000 + 2 x config.statementTimeoutMs %d (values.yaml); a SIGKILL mid-batch leaves rows PUBLISHING until the sweeper takes them back" $have $grace $dt $st) }}
 {{- end }}
 {{- $limit := dig "limits" "memory" "" ($.Values.relay.resources | default dict) -}}
 {{- if $limit }}
 {{- $bb := float64 ($.Values.config.batchBytes | default 16777216) -}}
 {{- $mmb := 1000000.0 -}}
 {{- if hasKey $props "message.max.bytes" }}{{ $mmb = float64 (get $props "message.max.bytes") }}{{ end -}}
-{{- $need := addf 20971520.0 (mulf 1.5 $bb) (mulf 3.0 $mmb) -}}
+{{- $need := addf 20971520.0 (mulf 3.0 $bb) $mmb -}}
 {{- $bytes := float64 (include "outbox-relay.quantityBytes" $limit) -}}
 {{- if lt $bytes $need }}
-{{- fail (printf "relay.resources.limits.memory %v is below the %d MiB a relay can need: 20 MiB + 1.5 x config.batchBytes %d + 3 x message.max.bytes %d (docs/operations.md, \"Memory\"); it would be OOM-killed mid-batch" $limit (int64 (ceil (divf $need 1048576.0))) (int64 $bb) (int64 $mmb)) }}
+{{- fail (printf "relay.resources.limits.memory %v is below the %d MiB a relay can need: 20 MiB + 3 x config.batchBytes %d + message.max.bytes %d (docs/operations.md, \"Memory\"); it would be OOM-killed mid-batch" $limit (int64 (ceil (divf $need 1048576.0))) (int64 $bb) (int64 $mmb)) }}
 {{- end }}
 {{- end }}
 {{- end }}
