@@ -552,10 +552,15 @@ static int exclusions(struct relay *r, struct buf *keys, struct buf *from) {
 }
 
 /* How many rows the next lock may take: a batch, within what the relay may
- * still hold in rows and (at the recent rows' size) in bytes. */
+ * still hold in rows and (at the recent rows' size) in bytes, counting the
+ * rows it locked and has not fetched yet at the size their lock gave. */
 static int lock_limit(const struct relay *r) {
         long long rows = (long long)r->cfg->batch_size * MAX_BATCHES - r->rows_open;
         long long bytes = r->cfg->batch_bytes - r->bytes_held;
+        for (const struct batch *b = r->batches; b && bytes > 0; b = b->next)
+                for (size_t i = 0; b->unfetched && i < b->n; i++)
+                        if (b->rows[i].stage == ROW_LOCKED)
+                                bytes -= b->rows[i].size;
         if (rows > r->cfg->batch_size)
                 rows = r->cfg->batch_size;
         if (rows > r->lock_ramp)

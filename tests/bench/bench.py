@@ -399,7 +399,7 @@ class Bench:
     def backend_cpu(self):
         """CPU seconds used so far by the relays' PostgreSQL backends."""
         with self.pg.connect() as c, c.cursor() as cur:
-            cur.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-relay'")
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%'")
             pids = [r[0] for r in cur.fetchall()]
         c.close()
         return sum(RssSampler.cpu_s(p) for p in pids)

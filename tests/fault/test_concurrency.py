@@ -14,6 +14,7 @@ from harness import Relay, make_events, wait_until
 AGGREGATES = 500
 VERSIONS = 40
 RELAYS = 3
+MAX_BATCHES = 4  # relay.c MAX_BATCHES: a relay holds at most 4 x OUTBOX_BATCH_SIZE rows
 
 
 def test_three_relays_20k_events(db, kafka, tmp_path, report):
@@ -52,8 +53,8 @@ def test_three_relays_20k_events(db, kafka, tmp_path, report):
     assert audit.lock_count == total, "every row locked exactly once without faults"
     assert all(r["attempt_count"] == 1 for r in table)
     assert all(n > 0 for n in per_relay.values()), per_relay
-    # no relay held more than two batches (the one in flight, the next)
-    assert all(n <= 2 * 200 for n in audit.max_held.values()), dict(audit.max_held)
+    # no relay held more than MAX_BATCHES batches' rows at once
+    assert all(n <= MAX_BATCHES * 200 for n in audit.max_held.values()), dict(audit.max_held)
 
     kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
     assert not problems, problems
@@ -72,9 +73,10 @@ def test_three_relays_20k_events(db, kafka, tmp_path, report):
 
 
 def test_relay_locks_the_next_batch_while_publishing(db, kafka, tmp_path, report):
-    """The relay locks batch k+1 while batch k is on its way to Kafka (a
-    stopped broker keeps it there): it holds two batches at once, never more,
-    and every version still reaches Kafka after its predecessor (G2)."""
+    """The relay locks more batches while the first is on its way to Kafka (a
+    stopped broker keeps it there): it holds MAX_BATCHES batches' rows at
+    once, never more, and every version still reaches Kafka after its
+    predecessor (G2)."""
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
     rows = make_events(aggregates=1000, versions=3, aggregate_type="Order")
@@ -85,10 +87,10 @@ def test_relay_locks_the_next_batch_while_publishing(db, kafka, tmp_path, report
         with kafka.paused():  # shorter than the delivery timeout: no attempt fails
             relay = Relay("outbox-relay", name="r-ahead", log_dir=tmp_path,
                           env=relay_env(db, kafka, "r-ahead", OUTBOX_BATCH_SIZE=100))
-            wait_until(lambda: held() == 200, 10, interval=0.02,
-                       what="two batches held while the first is in flight")
-            time.sleep(0.5)  # would it lock a third meanwhile?
-            assert held() == 200
+            wait_until(lambda: held() == MAX_BATCHES * 100, 10, interval=0.02,
+                       what="%d batches' rows held while the first is in flight" % MAX_BATCHES)
+            time.sleep(0.5)  # would it lock more meanwhile?
+            assert held() == MAX_BATCHES * 100
         wait_until(lambda: db.status_counts()["PUBLISHED"] == len(rows), 120,
                    interval=0.2, what="all %d rows PUBLISHED" % len(rows))
     finally:
@@ -100,10 +102,10 @@ def test_relay_locks_the_next_batch_while_publishing(db, kafka, tmp_path, report
          for r in table if r["attempt_count"] != 1][:10]
     audit = check_audit(db)
     assert not audit.violations, audit.violations[:10]
-    assert audit.max_held["r-ahead"] == 200, dict(audit.max_held)
+    assert audit.max_held["r-ahead"] == MAX_BATCHES * 100, dict(audit.max_held)
     kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
     assert not problems, problems
     assert len(kc.ids) == len(table)
     report("1 relay, batch 100, broker stopped for a moment: %d rows, at most %d held at "
-           "once (two batches); %d messages on kafka, order ok", len(rows),
-           audit.max_held["r-ahead"], len(kc.msgs))
+           "once (%d batches); %d messages on kafka, order ok", len(rows),
+           audit.max_held["r-ahead"], MAX_BATCHES, len(kc.msgs))

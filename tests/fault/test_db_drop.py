@@ -19,7 +19,7 @@ TERMINATIONS = 4
 
 def relay_backends(db):
     return db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
-                      "current_database() AND application_name = 'outbox-relay'")[0]["n"]
+                      "current_database() AND application_name LIKE 'outbox-relay:%%'")[0]["n"]
 
 
 def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
@@ -52,7 +52,7 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
                     in_flight = db.count("status = 'PUBLISHING'")
                 else:
                     in_flight = None
-                n = pg.terminate_backends("outbox-relay")
+                n = pg.terminate_backends("outbox-relay:%")
             terminated.append((published(), in_flight, n))
             assert n >= 1, "no relay backend to terminate"
         wait_until(lambda: published() >= total * (TERMINATIONS + 1) // (TERMINATIONS + 3), 60,
@@ -65,7 +65,7 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
         assert sweeper.running(), sweeper.log_text()[-3000:]
         # both logged the loss and came back
         log = relay.log_text()
-        assert log.count('msg="connected"') >= TERMINATIONS + 2, log[-3000:]
+        assert log.count('msg="connected" connection=lock') >= TERMINATIONS + 2, log[-3000:]
         wait_until(lambda: sweeper.log_text().count('msg="connected"') >= 2, 30,
                    what="sweeper reconnected after the restart")
     finally:
@@ -87,7 +87,7 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
            "locks; all PUBLISHED; kafka: %d messages, %d duplicates (after STALE_LOCK only), "
            "order ok; max lag %.2fs (kafka), %.2fs (table)",
            total, len(terminated), terminated, at_restart,
-           relay.log_text().count('msg="connected"') - 1, resets, len(kc.msgs),
+           relay.log_text().count('msg="connected" connection=lock') - 1, resets, len(kc.msgs),
            kc.extra_copies, kc.max_lag_s, db_lag_s(db))
 
 
@@ -108,7 +108,7 @@ def test_sigterm_during_database_outage(pg, db, kafka, tmp_path, report):
                    what="warm-up rows PUBLISHED")
         pg.stop_server()
         try:
-            wait_until(lambda: "cannot connect" in relay.log_text(), 30,
+            wait_until(lambda: "database connection down" in relay.log_text(), 30,
                        what="the relay retrying its connection")
             rc = relay.stop(timeout=60)
         finally:
