@@ -26,10 +26,15 @@ struct db_result {
         char error[512];
 };
 
-/* The set-up steps after the connection is made, in order: two round
+/* The set-up steps after the connection is made, in order: three round
  * trips. */
+/* Set-up steps cancelled by a database's tiny statement timeout are sent
+ * again this many times in all at most. */
+#define SETUP_TIMEOUT_TRIES 5
+
 enum setup {
         SETUP_NONE = 0,
+        SETUP_TIMEOUT,    /* the statement timeout, alone */
         SETUP_SESSION,    /* SETs, then the table's name, the server's clock and version */
         SETUP_STATEMENTS, /* LISTEN and every PREPARE, in one pipeline */
         SETUP_DONE
@@ -171,6 +176,22 @@ static int expand_sql(const struct db *db, const char *sql, struct buf *out) {
         return 0;
 }
 
+/* Sends the session's statement timeout, alone: a query string runs under
+ * the timeout in force when it starts, parsed as a whole first, so a
+ * database's tiny default (1 ms) would cancel the longer set-up below
+ * before its first SET ran. Even this one can meet it on a new backend
+ * (its caches cold), and the default's timer can fire as this SET ends,
+ * cancelling the next query: a set-up step cancelled (57014) is sent
+ * again on the same session, SETUP_TIMEOUT_TRIES times in all at most. */
+static int send_timeout(struct db *db, char *errstr, size_t size) {
+        db->setup_tries++;
+        char q[64];
+        snprintf(q, sizeof q, "SET statement_timeout = %d", db->session.statement_timeout_ms);
+        if (!PQsendQuery(db->conn, q) || flush(db))
+                return errstr_set(errstr, size, "session set-up: %s", PQerrorMessage(db->conn));
+        return 0;
+}
+
 /* Sends the session's SETs and the table's resolution (one round trip). */
 static int send_session(struct db *db, char *errstr, size_t size) {
         struct buf q = {0};
@@ -183,18 +204,16 @@ static int send_session(struct db *db, char *errstr, size_t size) {
          * the statements' shapes do not depend on their parameters). An
          * idle transaction cannot hold rows: the daemons never leave one
          * open, so a frozen process's is ended by the server. The
-         * statement timeout comes first: each statement of the string runs
-         * under the one before it set (the database's default for the
-         * first), so only the first can meet a database's tiny default. */
+         * statement timeout is in force already (send_timeout). */
         if (!lit ||
             buf_appendf(&q,
-                        "SET statement_timeout = %d; SET lock_timeout = %d;"
+                        "SET lock_timeout = %d;"
                         " SET default_transaction_isolation = 'read committed';"
                         " SET default_transaction_read_only = off;"
                         " SET idle_in_transaction_session_timeout = %d;"
                         " SET jit = off; SET plan_cache_mode = force_generic_plan;"
                         " SET tcp_user_timeout = %d;",
-                        s->statement_timeout_ms, s->lock_timeout_ms,
+                        s->lock_timeout_ms,
                         s->statement_timeout_ms > 0 ? s->statement_timeout_ms : 60000,
                         s->statement_timeout_ms > 0 ? s->statement_timeout_ms : 60000) ||
             (s->fixed_plans &&
@@ -220,6 +239,11 @@ out:
                 PQfreemem(lit);
         buf_free(&q);
         return rc;
+}
+
+static int resend_session(struct db *db, char *errstr, size_t size) {
+        db->setup_tries++;
+        return send_session(db, errstr, size);
 }
 
 /* Takes the table's quoted name and channel, the server's clock and version
@@ -336,7 +360,11 @@ static int collect_pipeline(struct db *db, char *errstr, size_t size) {
 /* Sends the next set-up step, or marks the session set up. */
 static int next_setup(struct db *db, char *errstr, size_t size) {
         switch (db->setup) {
-        case SETUP_NONE: db->setup = SETUP_SESSION; return send_session(db, errstr, size);
+        case SETUP_NONE:
+                db->setup = SETUP_TIMEOUT;
+                db->setup_tries = 0;
+                return send_timeout(db, errstr, size);
+        case SETUP_TIMEOUT: db->setup = SETUP_SESSION; return send_session(db, errstr, size);
         case SETUP_SESSION:
                 db->setup = SETUP_STATEMENTS;
                 db->setup_error = 0;
@@ -473,13 +501,24 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
                         goto lost;
                 return DB_EV_NONE;
         }
-        if (db->phase == DB_CONNECTING) { /* the session step's answer */
+        if (db->phase == DB_CONNECTING) { /* the timeout's or the session step's answer */
                 ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
                 int ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+                const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+                if (!ok && state && !strcmp(state, "57014") &&
+                    db->setup_tries < SETUP_TIMEOUT_TRIES) {
+                        PQclear(r);
+                        if ((db->setup == SETUP_TIMEOUT ? send_timeout(db, errstr, size)
+                                                        : resend_session(db, errstr, size)) == 0)
+                                return DB_EV_NONE;
+                        db_async_close(db);
+                        return DB_EV_DOWN;
+                }
                 if (!ok)
                         errstr_set(errstr, size, "session set-up: %s",
                                    r ? PQresultErrorMessage(r) : PQerrorMessage(db->conn));
-                if (!ok || read_session(db, r, errstr, size) || next_setup(db, errstr, size)) {
+                if (!ok || (db->setup == SETUP_SESSION && read_session(db, r, errstr, size)) ||
+                    next_setup(db, errstr, size)) {
                         PQclear(r);
                         db_async_close(db);
                         return DB_EV_DOWN;

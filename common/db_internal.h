@@ -36,6 +36,7 @@ struct db {
         int setup;         /* enum setup of db_async.c */
         size_t setup_next; /* set-up commands answered */
         int setup_error;   /* one of them failed (the first one's error is kept) */
+        int setup_tries;   /* the statement timeout's SET, sent this many times */
         PostgresPollingStatusType connect_polling;
         double connect_deadline;
         int want_write;      /* libpq holds data back: wait for POLLOUT */

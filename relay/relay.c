@@ -30,10 +30,11 @@
 #define MAX_BATCHES 4
 /* The most text one fetch brings (rows beyond it are fetched next). */
 #define FETCH_BYTES_MAX (4LL << 20)
-/* The first lock after start, a reconnect or a lock that found less than it
- * asked for (the relay had caught up) takes at most this many rows, each
- * full one after it LOCK_RAMP times as many, up to a batch: the first events
- * of a backlog or a burst wait for a small lock, not a batch's. */
+/* The first lock after start or a reconnect takes at most this many rows,
+ * each one after it LOCK_RAMP times as many, up to a batch: the first events
+ * of a backlog wait for a small lock, not a batch's. Every lock grows it,
+ * whatever it found: a small window full of versions that may not go yet
+ * (behind a DEAD or failing one) must not keep the window small. */
 #define LOCK_FIRST_ROWS 16
 #define LOCK_RAMP       4
 /* At start, side work waits for the first lock's answer at most this long. */
@@ -679,11 +680,7 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         r->side_not_before = 0; /* the first lock is done: side work may compete with it */
         metrics_set(M_LAST_LOCK_TIMESTAMP, NULL, clock_wall_s());
         int n = db_result_rows(res);
-        if (n >= r->lock_limit)
-                r->lock_ramp =
-                        r->lock_ramp > INT_MAX / LOCK_RAMP ? INT_MAX : r->lock_ramp * LOCK_RAMP;
-        else
-                r->lock_ramp = LOCK_FIRST_ROWS;
+        r->lock_ramp = r->lock_ramp > INT_MAX / LOCK_RAMP ? INT_MAX : r->lock_ramp * LOCK_RAMP;
         if (n == 0) {
                 log_debug("relay", "locked", "rows=0 limit=%d rows_held=%lld", r->lock_limit,
                           r->rows_open);

@@ -201,7 +201,7 @@ def test_the_chart_alerts_on_a_stall():
     with open(path) as f:
         text = f.read()
     # the file is a Helm template: drop the template actions, keep the YAML
-    plain = re.sub(r"\{\{.*?\}\}", "", text)
+    plain = re.sub(r"\{\{.*?\}\}", "", text, flags=re.S)
     rules = [r for g in yaml.safe_load(plain)["groups"] for r in g["rules"]]
     stall = [r for r in rules if "outbox_relay_stalled" in r.get("expr", "")
              or "outbox_relay_last_lock_timestamp_seconds" in r.get("expr", "")]
