@@ -1352,9 +1352,13 @@ static double next_deadline(const struct relay *r, double now) {
                 if (d > 0 && d < t)
                         t = d;
         }
-        if (r->next_lock < t)
+        /* a lock that cannot be sent (holding as many rows as it may,
+         * stopping, purging) is no deadline: what lets it go (a delivery
+         * report, a mark's answer) wakes the loop itself */
+        int may_lock = !r->stopping && !r->fatal && !r->purged && lock_limit(r) > 0;
+        if (may_lock && r->next_lock < t)
                 t = r->next_lock;
-        if (r->lock_wanted && r->lock_not_before > now && r->lock_not_before < t)
+        if (may_lock && r->lock_wanted && r->lock_not_before > now && r->lock_not_before < t)
                 t = r->lock_not_before;
         if (r->next_sample < t)
                 t = r->next_sample;
