@@ -28,6 +28,11 @@
 /* Batches in flight at most: the rows a relay holds stay below this many
  * batches' worth (and OUTBOX_BATCH_BYTES). */
 #define MAX_BATCHES 4
+/* Lock statements in flight at most (each a batch, however few its rows):
+ * a batch is done once all its rows are, so when a stopped broker holds one
+ * row of each small batch, the others' partitions keep going until the
+ * rows, not the batches, run out. */
+#define MAX_BATCH_OBJECTS 256
 /* The most text one fetch brings (rows beyond it are fetched next). */
 #define FETCH_BYTES_MAX (4LL << 20)
 /* The first lock after start or a reconnect takes at most this many rows,
@@ -568,7 +573,7 @@ static int lock_limit(const struct relay *r) {
                 rows = r->lock_ramp;
         if (r->row_bytes > 0 && bytes / r->row_bytes + 1 < rows)
                 rows = (long long)(bytes / r->row_bytes) + 1;
-        return rows > 0 && bytes > 0 && r->nbatches < MAX_BATCHES * 2 ? (int)rows : 0;
+        return rows > 0 && bytes > 0 && r->nbatches < MAX_BATCH_OBJECTS ? (int)rows : 0;
 }
 
 static int send_lock(struct relay *r, int limit, double now) {
