@@ -559,14 +559,16 @@ static int exclusions(struct relay *r, struct buf *keys, struct buf *from) {
 
 /* How many rows the next lock may take: a batch, within what the relay may
  * still hold in rows and (at the recent rows' size) in bytes, counting the
- * rows it locked and has not fetched yet at the size their lock gave. */
+ * rows it locked and has not fetched yet at the larger of the size their
+ * lock gave and the recent rows' size. */
 static int lock_limit(const struct relay *r) {
         long long rows = (long long)r->cfg->batch_size * MAX_BATCHES - r->rows_open;
         long long bytes = r->cfg->batch_bytes - r->bytes_held;
         for (const struct batch *b = r->batches; b && bytes > 0; b = b->next)
                 for (size_t i = 0; b->unfetched && i < b->n; i++)
                         if (b->rows[i].stage == ROW_LOCKED)
-                                bytes -= b->rows[i].size;
+                                bytes -= b->rows[i].size > r->row_bytes ? b->rows[i].size
+                                                                        : (long long)r->row_bytes;
         if (rows > r->cfg->batch_size)
                 rows = r->cfg->batch_size;
         if (rows > r->lock_ramp)
@@ -656,15 +658,13 @@ static void lock_or_fetch(struct relay *r, double now) {
         r->holding_full = limit == 0;
 }
 
-/* Learns the size of the rows a lock took (their average, half-weighted
- * against the rows before). */
-static void learn_row_bytes(struct relay *r, const struct batch *b) {
-        if (!b->n)
+/* Learns the size of the rows' text from a fetch (its average, half-weighted
+ * against the rows before): what they take in memory, which the lock's
+ * estimate (their stored, maybe compressed, size) can be far below. */
+static void learn_row_bytes(struct relay *r, long long bytes, long rows) {
+        if (rows <= 0)
                 return;
-        long long bytes = 0;
-        for (size_t i = 0; i < b->n; i++)
-                bytes += b->rows[i].size;
-        double avg = (double)bytes / (double)b->n;
+        double avg = (double)bytes / (double)rows;
         r->row_bytes = r->row_bytes > 0 ? (r->row_bytes + avg) / 2 : avg;
 }
 
@@ -717,7 +717,6 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         r->rows_open += (long long)b->n;
         metrics_add(M_BATCHES, NULL, 1);
         lifecycle_set_rows_held((long)r->rows_open);
-        learn_row_bytes(r, b);
         b->dirty = 1;
         if (n >= r->lock_limit)
                 r->lock_wanted = 1; /* a full window: more may be due at once */
@@ -757,6 +756,7 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                 return;
         }
         r->bytes_held += bytes;
+        learn_row_bytes(r, bytes, filled);
         if (filled == 0) {
                 /* none of the rows asked for is this relay's any more (taken
                  * back by the sweeper): nothing to mark */
