@@ -128,14 +128,14 @@ static int decide(struct batch *b, enum config_ordering ordering) {
 }
 
 struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, long lock_gen,
-                        double now) {
+                        double locked_at) {
         struct batch *b = calloc(1, sizeof *b);
         size_t n = (size_t)db_result_rows(lock);
         if (!b || db_result_cols(lock) != L_NCOLS)
                 goto fail;
         b->lock = lock;
         b->lock_gen = lock_gen;
-        b->locked_at = now;
+        b->locked_at = locked_at;
         b->rows = calloc(n ? n : 1, sizeof *b->rows);
         b->by_tid = calloc(n ? n : 1, sizeof *b->by_tid);
         if (!b->rows || !b->by_tid)

@@ -63,7 +63,7 @@ struct batch {
         size_t unfetched; /* rows still to fetch */
         size_t open;      /* rows not yet marked */
         long lock_gen;    /* the lock connection it was locked on (db_connects) */
-        double locked_at; /* monotonic */
+        double locked_at; /* monotonic: when its lock statement was sent (see batch_new) */
         int dirty;        /* something changed that may let a row be produced */
 };
 
@@ -73,9 +73,12 @@ struct batch {
  * rows it deferred are left out (they are not locked); the others come
  * ordered by aggregate and version, their runs decided: late rows are
  * settled DEAD (LATE_VERSION), rows after a hole RELEASED. The batch may be
- * empty. */
+ * empty. locked_at is when the lock statement was sent: the rows' locked_at,
+ * the statement's now() on the server, is no earlier, so the lock's age the
+ * relay counts (its produce deadline) is never less than the age by which the
+ * sweeper takes the lock back, however long the statement ran. */
 struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, long lock_gen,
-                        double now);
+                        double locked_at);
 
 /* Frees the batch and every result it keeps. NULL is a no-op. */
 void batch_free(struct batch *b);

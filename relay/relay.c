@@ -143,6 +143,7 @@ struct relay {
         int holding_full;       /* the last lock was skipped: holding as many as it may */
         double side_not_before; /* side work waits for the first lock (or this time) */
         long lock_gen;          /* db_connects() of the lock connection when it was sent */
+        double lock_sent_at;    /* when it was sent (monotonic): its rows' lock age starts */
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
         struct buf list, list2; /* parameter text */
@@ -599,6 +600,7 @@ static int send_lock(struct relay *r, int limit, double now) {
         }
         r->lock_limit = limit;
         r->lock_gen = db_connects(db_of(r, C_LOCK));
+        r->lock_sent_at = now;
         r->lock_wanted = 0;
         r->next_lock = now + r->cfg->poll_interval_ms / 1000.0;
         return 0;
@@ -692,7 +694,8 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
                 db_result_free(res);
                 return;
         }
-        struct batch *b = batch_new(res, (enum config_ordering)r->cfg->ordering, r->lock_gen, now);
+        struct batch *b = batch_new(res, (enum config_ordering)r->cfg->ordering, r->lock_gen,
+                                    r->lock_sent_at);
         if (b)
                 log_debug("relay", "locked", "rows=%zu deferred=%zu limit=%d rows_held=%lld", b->n,
                           (size_t)n - b->n, r->lock_limit, r->rows_open);

@@ -10,9 +10,17 @@ row's history and fails on:
 
   - a row locked while another lock on it was neither marked nor reset (G3);
   - a lock taken by one process on behalf of another (locked_by != actor);
+  - a lock whose locked_at is not its statement's time (the locking
+    transaction's now(): the lock timeout counts from there, DESIGN "The
+    sweeper");
   - a lock released by a process that did not hold it, except the sweeper's
-    STALE_LOCK reset, and that only after the lock timeout;
-  - a PUBLISHED row changing again (PUBLISHED is final until deletion).
+    STALE_LOCK reset, and that only once the lock timeout has passed since the
+    lock's locked_at (by the reset's own now(), the clock the sweeper compares);
+  - a PUBLISHED row changing again (PUBLISHED is final until deletion), except
+    by the operator (outboxctl): made PENDING, or held by a replay
+    (docs/DESIGN.md, "Replaying": PUBLISHING under locked_by 'outboxctl
+    replay', then PENDING, or PUBLISHED again when the replay gives it back);
+    only the operator takes and releases such a hold.
 
 Kafka is read back with read_topics; check_kafka() compares it with the table
 (G1), checks first-copy order per partition (G2), and allows a duplicate only
@@ -247,10 +255,12 @@ CREATE TABLE {s}.lock_audit (
     old_locked_by  text,
     new_locked_by  text,
     old_locked_at  timestamptz,
+    new_locked_at  timestamptz,
     actor          text,
     code           text,
     attempt_count  int,
     available_at   timestamptz,
+    xact_ts        timestamptz NOT NULL DEFAULT now(),  -- the changing transaction's start
     ts             timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE {s}.delete_audit (
@@ -265,10 +275,11 @@ BEGIN
     IF NEW.status IS DISTINCT FROM OLD.status OR NEW.locked_by IS DISTINCT FROM OLD.locked_by
     THEN
         INSERT INTO {s}.lock_audit (outbox_id, old_status, new_status, old_locked_by,
-            new_locked_by, old_locked_at, actor, code, attempt_count, available_at)
+            new_locked_by, old_locked_at, new_locked_at, actor, code, attempt_count,
+            available_at)
         VALUES (NEW.outbox_id, OLD.status, NEW.status, OLD.locked_by, NEW.locked_by,
-            OLD.locked_at, current_setting('outbox.actor', true), NEW.last_error_code,
-            NEW.attempt_count, NEW.available_at);
+            OLD.locked_at, NEW.locked_at, current_setting('outbox.actor', true),
+            NEW.last_error_code, NEW.attempt_count, NEW.available_at);
     END IF;
     RETURN NULL;
 END $$;
@@ -318,18 +329,25 @@ class Audit:
         return sum(self.locks.values())
 
 
+# locked_by of the rows a replay holds between its two statements (common/db_admin.c)
+REPLAY_HOLDER = "outboxctl replay"
+
+
 def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
     """Replays lock_audit (see the module docstring). Returns an Audit; the
     caller asserts not audit.violations."""
     a = Audit()
-    holder = {}   # outbox_id -> (locked_by, locked_at ts)
+    holder = {}   # outbox_id -> (locked_by, locked_at, attempt_count)
     held_now = collections.Counter()  # relay id -> rows it holds at this point
     published = set()
     for r in audit_rows(db):
         oid, actor = r["outbox_id"], r["actor"]
         where = "audit#%d row %s" % (r["seq"], oid)
+        replay_hold = (actor in allow_actors and r["new_status"] == "PUBLISHING"
+                       and r["new_locked_by"] == REPLAY_HOLDER)
         if oid in published:
-            if not (actor in allow_actors and r["new_status"] == "PENDING"):
+            if not (actor in allow_actors and r["new_status"] == "PENDING") and \
+                    not (replay_hold and r["old_status"] == "PUBLISHED"):
                 a.violations.append("%s: changed after PUBLISHED (%s -> %s by %s)"
                                     % (where, r["old_status"], r["new_status"], actor))
             published.discard(oid)
@@ -338,13 +356,24 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
                 a.violations.append("%s: locked by %s while held by %s"
                                     % (where, r["new_locked_by"],
                                        holder.get(oid, (r["old_locked_by"],))[0]))
-            if actor != r["new_locked_by"]:
+            if replay_hold and r["old_status"] != "PUBLISHED":
+                a.violations.append("%s: a replay held a row that was %s"
+                                    % (where, r["old_status"]))
+            elif actor != r["new_locked_by"] and not replay_hold:
                 a.violations.append("%s: %s took a lock for %s" % (where, actor,
                                                                    r["new_locked_by"]))
+            # The lock's age counts from locked_at, which must be the
+            # locking statement's now(): not earlier (the sweeper would take
+            # the lock back before its time), not later (after the row was
+            # locked).
+            if r["new_locked_at"] is None or r["new_locked_at"] != r["xact_ts"]:
+                a.violations.append("%s: locked_at %s is not the lock's transaction start %s"
+                                    % (where, r["new_locked_at"], r["xact_ts"]))
             if a.stale_resets[oid]:
                 a.relocked_after_stale.add(oid)
-            holder[oid] = (r["new_locked_by"], r["ts"], r["attempt_count"])
-            a.locks[oid] += 1
+            holder[oid] = (r["new_locked_by"], r["new_locked_at"], r["attempt_count"])
+            if not replay_hold:  # a relay's attempt
+                a.locks[oid] += 1
             held_now[r["new_locked_by"]] += 1
             a.max_held[r["new_locked_by"]] = max(a.max_held[r["new_locked_by"]],
                                                  held_now[r["new_locked_by"]])
@@ -359,11 +388,18 @@ def check_audit(db, lock_timeout_s=None, allow_actors=("operator",)):
                     actor and actor.startswith("sweeper"):
                 a.stale_resets[oid] += 1
                 a.releases[("sweeper", "STALE_LOCK")] += 1
-                if lock_timeout_s is not None and held is not None:
-                    age = (r["ts"] - held[1]).total_seconds()
-                    if age < lock_timeout_s - 0.5:
-                        a.violations.append("%s: sweeper reset a lock %.2fs old (timeout %ds)"
+                if lock_timeout_s is not None and held is not None and held[1] is not None:
+                    # by the clock the sweeper compares: its statement's now()
+                    age = (r["xact_ts"] - held[1]).total_seconds()
+                    if age < lock_timeout_s:
+                        a.violations.append("%s: sweeper reset a lock %.3fs old (timeout %ds)"
                                             % (where, age, lock_timeout_s))
+            elif actor in allow_actors and r["old_locked_by"] == REPLAY_HOLDER:
+                # the replay's release (PENDING) or its giving back (PUBLISHED)
+                if r["new_status"] not in ("PENDING", "PUBLISHED"):
+                    a.violations.append("%s: %s moved a replay's held row to %s"
+                                        % (where, actor, r["new_status"]))
+                a.releases[("operator", r["new_status"])] += 1
             elif actor != r["old_locked_by"]:
                 a.violations.append("%s: %s marked %s a row locked by %s"
                                     % (where, actor, r["new_status"], r["old_locked_by"]))

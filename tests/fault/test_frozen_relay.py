@@ -7,9 +7,14 @@ took back may be on Kafka twice).
 The three points, each with relay A frozen, then relay B and a sweeper
 (OUTBOX_LOCK_TIMEOUT_S = LOCK_TIMEOUT_S) started:
   - mid lock statement: A's lock statement pauses (OUTBOX_TEST_LOCK_DELAY_MS)
-    and A is stopped during the pause; its result (a batch of 50 KB rows) is
-    larger than the socket buffers, so the server is left writing it to a
-    client that does not read (ClientWrite), inside the lock's transaction;
+    and A is stopped during the pause; the server goes on, locks the rows
+    (50 KB each) and must end the statement's transaction while A reads
+    nothing: the answer is ids and sizes, not content, so it fits in the
+    socket buffers and the statement commits (a larger answer would leave the
+    server writing it inside the transaction until tcp_user_timeout cut A
+    off). A never learns which rows it holds; the sweeper takes them back
+    once their locked_at (the statement's start, before the pause) is
+    LOCK_TIMEOUT_S old;
   - mid produce: A publishes, the broker is stopped (SIGSTOP) while A's
     produce requests are in flight, A is stopped while it owes delivery
     reports, then the broker resumes (and appends what A had sent);
@@ -31,16 +36,17 @@ STATEMENT_TIMEOUT_MS = 3000  # the relays' OUTBOX_STATEMENT_TIMEOUT_MS
 DRAIN_S = 10               # relay B alone publishes every row of a test in less
 # The bound, from the moment A is frozen until every row it held is
 # PUBLISHED by B. A row A holds is released in one of two ways:
-#   - A's lock statement had not committed (its transaction open, the result
-#     unread): the server must end that transaction itself within A's
-#     statement timeout (the relay's sessions set statement_timeout, and
-#     tcp_user_timeout/keepalives against a client that does not read);
+#   - A's lock statement had not committed: the server must end that
+#     transaction itself within A's statement timeout (the relay's sessions
+#     set statement_timeout, and tcp_user_timeout/keepalives against a client
+#     that does not read its answer);
 #   - the row is PUBLISHING under A: the sweeper returns it once the lock is
 #     LOCK_TIMEOUT_S old, at its next sweep (SWEEP_INTERVAL_S later).
 # Then B (polling every 100 ms; a STALE_LOCK row is due at once) publishes
 # it and the rest within DRAIN_S.
 HOLD_BOUND_S = LOCK_TIMEOUT_S + STATEMENT_TIMEOUT_MS / 1000 + SWEEP_INTERVAL_S + DRAIN_S
 AFTER_CONTINUE_S = 3       # how long the thawed A runs before it is stopped
+LOCK_DELAY_MS = 1500       # mid lock statement: A's lock statements pause this long
 
 RELAY_SETTINGS = dict(OUTBOX_STATEMENT_TIMEOUT_MS=STATEMENT_TIMEOUT_MS,
                       OUTBOX_DB_LOCK_TIMEOUT_MS=1000,
@@ -152,22 +158,29 @@ def test_frozen_mid_lock_statement(db, kafka, tmp_path, report):
     # 40 aggregates x 10 versions of 50 KB: one lock statement's result is
     # megabytes, more than the loopback socket buffers hold
     total = insert_big(db, aggregates=40, versions=10, size=50000)
-    f = Frozen(db, kafka, tmp_path, OUTBOX_TEST_LOCK_DELAY_MS=1500)
+    f = Frozen(db, kafka, tmp_path, OUTBOX_TEST_LOCK_DELAY_MS=LOCK_DELAY_MS)
     try:
         (pid, _), = [(r["pid"], r["query"]) for r in wait_until(
             lambda: db.execute(SLEEPING, ("%%%s%%" % db.schema,)), 30,
             what="A's first lock statement pausing before its row locks")]
         f.freeze()
-        # The server goes on: it locks the rows and sends the result to a
-        # client that does not read.
-        time.sleep(2.0)  # the pause ends 1.5 s after it began; then the rows are written out
+        # The server goes on: the pause ends, the statement locks the rows,
+        # sends its answer to a client that does not read and must end its
+        # transaction all the same.
+        wait_until(lambda: not any(s["in_xact"] for s in db.execute(STATE, (pid,))),
+                   (LOCK_DELAY_MS + STATEMENT_TIMEOUT_MS) / 1000, interval=0.05,
+                   what="the transaction of frozen A's lock statement over (committed or"
+                        " cut off)")
         state = db.execute(STATE, (pid,))
+        held = db.count("status = 'PUBLISHING' AND locked_by = 'A'")
+        assert held > 0, "A's lock statement locked nothing: nothing tests the sweeper"
         f.start_others()
         took = f.wait_all_published(total)
         a_rc = f.thaw_and_stop()
         f.stop_all()
         f.check(report, "mid lock statement", took, a_rc,
-                "; A's backend 2 s into the freeze: %s" % (state[0] if state else "gone"))
+                "; A held %d rows PUBLISHING; A's lock backend once its transaction ended: %s"
+                % (held, state[0] if state else "gone"))
     finally:
         f.stop_all()
 

@@ -52,3 +52,35 @@ def test_row_changed_during_the_lock_statement_holds_back_its_successors(
     report("a row changed between the lock statement's start and its row locks: its "
            "aggregate's 4 versions locked and published in order, the 10 other rows "
            "unaffected, nothing lost or duplicated")
+
+
+def test_a_lock_ages_from_its_statement_start(db, kafka, tmp_path, report):
+    """The sweeper counts a lock's age from locked_at, the lock statement's
+    now(); the relay must count from no later (docs/DESIGN.md, "Bounded lock
+    age"). Its lock statements here take 12 s (the pause before their row
+    locks) and its produce deadline is 11 s (OUTBOX_LOCK_TIMEOUT_S 34 less
+    the delivery timeout 3 and 20): the rows are too old to produce by the
+    time the answer arrives, so the relay gives them back unattempted and
+    nothing reaches Kafka. Counted from the answer, they would have gone
+    out with a lock already 12 s into its 34."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 1)
+    rows = make_events(aggregates=5, versions=1, id_prefix="slow")
+    db.insert_events(rows)
+    env = relay_env(db, kafka, "r-slow", OUTBOX_TEST_LOCK_DELAY_MS=12000,
+                    OUTBOX_STATEMENT_TIMEOUT_MS=20000, OUTBOX_LOCK_TIMEOUT_S=34)
+    assert int(env["OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS"]) == 3000
+    with Relay("outbox-relay", name="r-slow", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: check_audit(db).releases[("relay", "RELEASED")] >= len(rows), 30,
+                   interval=0.2, what="the first lock's rows given back unattempted")
+        assert relay.stop(timeout=40) == 0
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    assert db.count("status = 'PUBLISHED'") == 0, db.status_counts()
+    assert db.count("status = 'PENDING' AND attempt_count = 0") == len(rows), db.rows()
+    kc, problems = check_kafka(kafka, [topic], db.rows(), dup_allowed=set(), timeout_s=10)
+    assert not problems, problems
+    assert not kc.msgs, "rows produced with a lock older than the produce deadline"
+    report("lock statements of 12 s, produce deadline 11 s: the %d rows locked given back "
+           "unattempted (%d releases), none produced", len(rows),
+           audit.releases[("relay", "RELEASED")])

@@ -5,23 +5,27 @@ time: every broker answers 5 ms late, a broker a little way off. Apache Kafka
 on this machine answers in well under a millisecond.
 
 3000 versions of one aggregate are published, then an operator replays them all
-(`outboxctl replay --aggregate Order/long0`: back to PENDING, due now), and at
-once a writer commits new events of 50 other aggregates, 100 a second, until
-the long aggregate is on Kafka again. A consumer tails the topic and notes when
-each event arrives. Asserted:
+(`outboxctl replay --aggregate Order/long0`: back to PENDING, due now), and as
+soon as the replay's first copy is on Kafka a writer commits new events of 50
+other aggregates, 100 a second, until the long aggregate is on Kafka again. A
+consumer tails the topic from the offsets it had before the replay and notes
+when each event arrives. Asserted:
 
   - each new event of another aggregate arrives within 2 s of its COMMIT;
   - the replay sends all 3000 versions again, in version order (G2 on the
     copies after the replay began, not only on first copies);
   - every row ends PUBLISHED and on Kafka (G1), first copies in version order
-    per aggregate (G2).
+    per aggregate (G2);
+  - the audit (conftest.check_audit): the replay's hold of the published rows
+    (the operator's, under locked_by 'outboxctl replay') is the only change of
+    a PUBLISHED row, and no relay locks a row while another holds it.
 """
 import os
 import subprocess
 import threading
 import time
 
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from conftest import Writer, actor_url, check_audit, check_kafka, relay_env, wait_quiet
 from harness import Relay, bin_path, header, kafka_admin, make_events, wait_until
@@ -34,10 +38,13 @@ LONG = "long0"  # make_events(1, ..., id_prefix="long")
 
 
 class Tail(threading.Thread):
-    """Reads every partition of `topic` from its end at start; .arrived maps
-    each event id to the wall-clock time its first copy was received."""
+    """Reads every partition of `topic` from the offsets `starts`
+    ({partition: offset}, known before anything the test times is produced:
+    a consumer told to start at the end finds the end only once connected,
+    and would miss what came before); .arrived maps each event id to the
+    wall-clock time its first copy was received."""
 
-    def __init__(self, bootstrap, topic, partitions):
+    def __init__(self, bootstrap, topic, starts):
         super().__init__(daemon=True)
         self.arrived = {}
         self.error = None
@@ -45,7 +52,7 @@ class Tail(threading.Thread):
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tail",
                                   "enable.auto.commit": False, "fetch.wait.max.ms": 5,
                                   "fetch.error.backoff.ms": 5, "log_level": 0})
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
+        self.consumer.assign([TopicPartition(topic, p, o) for p, o in starts.items()])
 
     def run(self):
         try:
@@ -99,13 +106,18 @@ def test_long_aggregate_does_not_starve_the_others(db, own_kafka, tmp_path, repo
         wait_until(lambda: long_published(db) == VERSIONS, 180, interval=0.2,
                    what="%d versions of %s PUBLISHED" % (VERSIONS, LONG))
         own_kafka.set_rtt(RTT_MS)
-        tail = Tail(own_kafka.bootstrap, topic, PARTITIONS)
+        ends = kafka_admin.end_offsets(own_kafka.bootstrap, topic)
+        assert len(ends) == PARTITIONS, ends
+        tail = Tail(own_kafka.bootstrap, topic, ends)
         tail.start()
         writer = Writer(db, "o", aggregates=50, per_tx=5, period=0.05)
-        ends = kafka_admin.end_offsets(own_kafka.bootstrap, topic)
         replay_at = time.time()
         out = outboxctl(db, "replay", "--aggregate", "Order/%s" % LONG)
         assert "replayed %d row(s)" % VERSIONS in out, out
+        # the tail consumer's own start-up is not the relay's latency: the
+        # writer starts once the tail has the replay's first copy
+        wait_until(lambda: tail.arrived, 10, interval=0.005,
+                   what="the tail consumer reading the replay's first copy")
         writer.start()
         time.sleep(1.0)  # the writer commits for at least this long
         wait_until(lambda: long_published(db) == VERSIONS, 300, interval=0.2,
