@@ -1277,7 +1277,7 @@ static void free_done(struct relay *r, double now) {
 /* Step: the readiness conditions the loop knows. */
 static void report_health(struct relay *r, double now) {
         int up = 1;
-        const char *why = "connected";
+        const char *why = NULL; /* none: a first connect, or a new session opening */
         const char *missing = NULL;
         for (int c = 0; c < C_COUNT; c++) {
                 if (db_async_phase(r->conns[c].db) >= DB_IDLE)
@@ -1288,8 +1288,11 @@ static void report_health(struct relay *r, double now) {
                 if (db_async_table_missing(r->conns[c].db))
                         missing = r->conns[c].why;
         }
-        health_set(r->health, H_DATABASE, up || missing, "%s%s",
-                   up ? "" : "connecting: ", missing ? "connected" : why);
+        if (up || missing)
+                health_set(r->health, H_DATABASE, 1, "connected");
+        else
+                health_set(r->health, H_DATABASE, 0, "connecting%s%s", why ? ": " : "",
+                           why ? why : "");
         if (missing)
                 health_set(r->health, H_TABLE, 0, "%s", missing);
         else if (up)
