@@ -95,8 +95,9 @@ struct conn {
         struct db *db;
         double retry_at; /* no connect before this (backoff) */
         int backoff_ms;
-        int failures;   /* connects failed in a row */
-        int restarting; /* closed on purpose: a fresh session cures a statement */
+        int failures;        /* connects failed in a row */
+        int restarting;      /* closed on purpose: a fresh session cures a statement */
+        int logged_stopping; /* the last line logged was after the stop request */
         char why[512];
 };
 
@@ -281,11 +282,15 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
                 cn->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : cn->backoff_ms * 2;
         if (db_async_too_old(db))
                 r->too_old = 1;
-        if (cn->failures == 1 || strcmp(cn->why, why) != 0)
+        /* one line per state change: a new error, or the pause a stop
+         * request changed (the line says the pause really taken) */
+        if (cn->failures == 1 || strcmp(cn->why, why) != 0 || cn->logged_stopping != r->stopping) {
                 log_warn("db",
                          db_async_table_missing(db) ? "table missing, retrying"
                                                     : "database connection down, retrying",
                          "connection=%s retry_ms=%d err=%s", conn_names[c], retry, why);
+                cn->logged_stopping = r->stopping;
+        }
         snprintf(cn->why, sizeof cn->why, "%s", why);
 forget:
         if (c == C_LOCK) {
@@ -1272,7 +1277,7 @@ static void free_done(struct relay *r, double now) {
 /* Step: the readiness conditions the loop knows. */
 static void report_health(struct relay *r, double now) {
         int up = 1;
-        const char *why = "connected";
+        const char *why = NULL; /* none: a first connect, or a new session opening */
         const char *missing = NULL;
         for (int c = 0; c < C_COUNT; c++) {
                 if (db_async_phase(r->conns[c].db) >= DB_IDLE)
@@ -1283,8 +1288,11 @@ static void report_health(struct relay *r, double now) {
                 if (db_async_table_missing(r->conns[c].db))
                         missing = r->conns[c].why;
         }
-        health_set(r->health, H_DATABASE, up || missing, "%s%s",
-                   up ? "" : "connecting: ", missing ? "connected" : why);
+        if (up || missing)
+                health_set(r->health, H_DATABASE, 1, "connected");
+        else
+                health_set(r->health, H_DATABASE, 0, "connecting%s%s", why ? ": " : "",
+                           why ? why : "");
         if (missing)
                 health_set(r->health, H_TABLE, 0, "%s", missing);
         else if (up)
@@ -1320,7 +1328,11 @@ static void notice_stop(struct relay *r, volatile sig_atomic_t *stop, double now
                  r->rows_open);
         for (struct batch *b = r->batches; b; b = b->next)
                 b->dirty = 1;
-        (void)now;
+        /* a connection waiting out its backoff retries within the stop's pause */
+        for (int c = 0; c < C_COUNT; c++)
+                if (db_async_phase(r->conns[c].db) == DB_DOWN &&
+                    r->conns[c].retry_at > now + LIFECYCLE_STOP_RETRY_MS / 1000.0)
+                        r->conns[c].retry_at = now + LIFECYCLE_STOP_RETRY_MS / 1000.0;
 }
 
 /* Whether the loop is done: stopping and nothing in hand (or the database
