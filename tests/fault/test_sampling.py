@@ -58,8 +58,14 @@ class SampleStarts(threading.Thread):
             conn.close()
 
     def first(self, rid, n):
-        """The first n sample starts of relay rid (epoch seconds), or None."""
-        s = sorted(self.starts[rid])
+        """The first n sample starts of relay rid (epoch seconds), or None.
+        Starts less than 1 s apart are one sample: a statement's query_start
+        can move between its Bind and its Execute (extended protocol), and a
+        loaded machine lets the poller see both."""
+        s = []
+        for t in sorted(self.starts[rid]):
+            if not s or t - s[-1] >= 1.0:
+                s.append(t)
         return s[:n] if len(s) >= n else None
 
     def stop(self):
