@@ -175,6 +175,7 @@ struct relay {
         double stop_deadline; /* set once the database must be reached to finish */
         int purged;
         int too_old;
+        char too_old_why[512]; /* the server version line, from the connection that learnt it */
         int fatal;
         unsigned seed;
         struct kafka_stats_seen stats_seen;
@@ -280,8 +281,10 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
         cn->retry_at = now + retry / 1000.0;
         cn->backoff_ms =
                 cn->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : cn->backoff_ms * 2;
-        if (db_async_too_old(db))
-                r->too_old = 1;
+        if (db_async_too_old(db) && !r->too_old) {
+                r->too_old = 1; /* whichever connection learnt it first says why */
+                snprintf(r->too_old_why, sizeof r->too_old_why, "%s", why);
+        }
         /* one line per state change: a new error, or the pause a stop
          * request changed (the line says the pause really taken) */
         if (cn->failures == 1 || strcmp(cn->why, why) != 0 || cn->logged_stopping != r->stopping) {
@@ -1562,8 +1565,7 @@ int relay_run(struct relay *r, volatile sig_atomic_t *stop, int wake) {
                 wait_for_io(r, now, wake);
         }
         if (r->too_old) {
-                log_error("db", "database server not supported", "err=%s",
-                          r->conns[C_LOCK].why[0] ? r->conns[C_LOCK].why : "too old");
+                log_error("db", "database server not supported", "err=%s", r->too_old_why);
                 return 2;
         }
         int left = r->rows_open > 0 || r->take_back_wanted;
