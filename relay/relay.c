@@ -547,8 +547,8 @@ static int exclusions(struct relay *r, struct buf *keys, struct buf *from) {
         for (struct batch *b = r->batches; b && n < HOT_KEYS_MAX; b = b->next)
                 for (size_t i = 0; i < b->n && n < HOT_KEYS_MAX; i++) {
                         const struct row *w = &b->rows[i];
-                        if (w->next < 0 || w->prev >= 0 || w->stage == ROW_MARKED)
-                                continue; /* not the first of a run in flight */
+                        if ((w->next < 0 && w->prev < 0) || w->stage == ROW_MARKED)
+                                continue; /* not a row of a run still in flight */
                         int seen = 0;
                         for (size_t k = 0; k < n && !seen; k++)
                                 seen = r->hot[k] == w->key;
