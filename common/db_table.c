@@ -11,14 +11,7 @@
 #include "db_internal.h"
 #include "errstr.h"
 
-enum {
-        S_RESET_STALE,
-        S_DELETE_PUBLISHED,
-        S_DELETE_KEEP_LATEST,
-        S_PARK,
-        S_UNPARK,
-        S_COUNT
-};
+enum { S_RESET_STALE, S_DELETE_PUBLISHED, S_DELETE_KEEP_LATEST, S_PARK, S_UNPARK, S_COUNT };
 
 /* A DEAD row that holds its aggregate's later versions: every DEAD row but a
  * LATE_VERSION one, whose place in the order is already lost (a later

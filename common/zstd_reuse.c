@@ -42,9 +42,12 @@ static void zstd_free_kept(void *zcs) {
 }
 
 static void zstd_init(void) {
+        /* clang-format 14 and 19 space these casts differently */
+        /* clang-format off */
         zstd_real_create = (ZSTD_CStream * (*)(void)) dlsym(RTLD_NEXT, "ZSTD_createCStream");
         zstd_real_free = (size_t(*)(ZSTD_CStream *))dlsym(RTLD_NEXT, "ZSTD_freeCStream");
         zstd_reset = (size_t(*)(ZSTD_CStream *, int))dlsym(RTLD_NEXT, "ZSTD_CCtx_reset");
+        /* clang-format on */
         zstd_usable = zstd_real_create && zstd_real_free && zstd_reset &&
                       pthread_key_create(&zstd_kept, zstd_free_kept) == 0;
 }
