@@ -6,7 +6,8 @@
 --              below this (the first row always comes)
 --   $4 bigint  largest row: a row whose text is larger comes without its
 --              payload and headers (it cannot become a Kafka message); one
---              stored larger than four times this is not even made into text
+--              whose JSON weighs more than four times this uncompressed is
+--              not even made into text
 -- Returns, in the binary format: ctid, size (the bytes of the row's text,
 -- which the two limits count), event_type, event_version, topic_name,
 -- partition_key, event_key, payload (JSON text, NULL for a tombstone or a
@@ -21,15 +22,10 @@
 WITH texts AS MATERIALIZED (
   SELECT o.ctid AS tid, o.event_type, o.event_version, o.topic_name, o.partition_key,
          o.event_key, o.correlation_id, o.causation_id, o.trace_id, o.occurred_at,
-         pg_column_size(o.payload_json)::bigint + pg_column_size(o.headers_json) > 4 * $4
-           AS huge,
-         coalesce(pg_column_size(o.payload_json), 0)::bigint + pg_column_size(o.headers_json)
-           AS stored,
-         CASE WHEN pg_column_size(o.payload_json)::bigint + pg_column_size(o.headers_json)
-                   <= 4 * $4
-              THEN o.payload_json::text END AS payload,
-         CASE WHEN pg_column_size(o.payload_json)::bigint + pg_column_size(o.headers_json)
-                   > 4 * $4 THEN NULL
+         w.bytes > 4 * $4 AS huge,
+         w.bytes AS stored,
+         CASE WHEN w.bytes <= 4 * $4 THEN o.payload_json::text END AS payload,
+         CASE WHEN w.bytes > 4 * $4 THEN NULL
               WHEN o.headers_json = '{}' THEN ''
               WHEN jsonb_typeof(o.headers_json) = 'object' THEN coalesce((
                 SELECT string_agg(octet_length(h.key)::text || ':' || h.key
@@ -45,6 +41,20 @@ WITH texts AS MATERIALIZED (
          + coalesce(octet_length(o.causation_id), 0) + coalesce(octet_length(o.trace_id), 0)
            AS fixed
   FROM :table o
+  -- what the JSON columns weigh uncompressed: a compressed value may stand
+  -- for hundreds of times its stored size (126 MB of one character is
+  -- stored in 1.5 MB), and making that into text takes seconds. A copy
+  -- (x || '{}') is uncompressed; only compressed values over $4 / 256 are
+  -- copied, the others weigh what they store.
+  CROSS JOIN LATERAL (
+    SELECT coalesce(CASE WHEN pg_column_compression(o.payload_json) IS NOT NULL
+                              AND pg_column_size(o.payload_json) > $4 / 256
+                         THEN pg_column_size(o.payload_json || '{}'::jsonb)
+                         ELSE pg_column_size(o.payload_json) END, 0)::bigint
+           + coalesce(CASE WHEN pg_column_compression(o.headers_json) IS NOT NULL
+                                AND pg_column_size(o.headers_json) > $4 / 256
+                           THEN pg_column_size(o.headers_json || '{}'::jsonb)
+                           ELSE pg_column_size(o.headers_json) END, 0) AS bytes) w
   WHERE o.ctid = ANY ($1::tid[]) AND o.status = 'PUBLISHING' AND o.locked_by = $2),
 sized AS (
   SELECT t.*,
