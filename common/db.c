@@ -15,9 +15,6 @@
 #include "errstr.h"
 #include "metrics.h"
 
-/* PostgreSQL's longest identifier, and so NOTIFY channel name. */
-#define CHANNEL_MAX 63
-
 struct db *db_new(const char *url, const char *table, const char *relay_id) {
         struct db *db = calloc(1, sizeof *db);
         if (!db)
@@ -36,25 +33,6 @@ struct db *db_new(const char *url, const char *table, const char *relay_id) {
 int db_connected(const struct db *db) {
         return db->conn && PQstatus(db->conn) == CONNECTION_OK &&
                (db->phase == DB_IDLE || db->phase == DB_BUSY);
-}
-
-void db_disconnect(struct db *db) {
-        if (db->conn)
-                PQfinish(db->conn);
-        db->conn = NULL;
-        db->closing = 0;
-        db->phase = DB_DOWN;
-        db->setup = 0;
-        db->want_write = 0;
-        db->running = NULL;
-        PQclear(db->pending);
-        db->pending = NULL;
-        free(db->qtable);
-        free(db->channel);
-        free(db->topic_expr);
-        db->qtable = db->channel = db->topic_expr = NULL;
-        db->admin_temp = 0; /* temp tables go with the session */
-        buf_free(&db->copy);
 }
 
 void db_check_conn(struct db *db) {
@@ -129,38 +107,6 @@ int db_prepare(struct db *db, const struct db_stmt *stmts, size_t n, const char 
                 PQclear(r);
         }
         buf_free(&sql);
-        return rc;
-}
-
-void db_channel_name(const char *schema, const char *name, char *out) {
-        char whole[2 * (CHANNEL_MAX + 1)]; /* each part is an identifier */
-        snprintf(whole, sizeof whole, "%s.%s", schema, name);
-        size_t n = encode_utf8_prefix(whole, CHANNEL_MAX);
-        memcpy(out, whole, n);
-        out[n] = '\0';
-}
-
-int db_set_table(struct db *db, const char *schema, const char *name, char *errstr, size_t size) {
-        char *nsp = PQescapeIdentifier(db->conn, schema, strlen(schema));
-        char *rel = PQescapeIdentifier(db->conn, name, strlen(name));
-        size_t qlen = (nsp ? strlen(nsp) : 0) + (rel ? strlen(rel) : 0) + 2;
-        int rc = -1;
-        free(db->qtable);
-        free(db->channel);
-        db->qtable = malloc(qlen);
-        db->channel = malloc(CHANNEL_MAX + 1);
-        if (!nsp || !rel || !db->qtable || !db->channel) {
-                errstr_set(errstr, size, "out of memory");
-                goto out;
-        }
-        snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
-        db_channel_name(schema, name, db->channel);
-        rc = 0;
-out:
-        if (nsp)
-                PQfreemem(nsp);
-        if (rel)
-                PQfreemem(rel);
         return rc;
 }
 

@@ -14,6 +14,7 @@
 #include "db_conninfo.h"
 #include "db_internal.h"
 #include "db_version.h"
+#include "encode.h"
 #include "errstr.h"
 #include "log.h"
 
@@ -39,6 +40,60 @@ enum setup {
         SETUP_STATEMENTS, /* LISTEN and every PREPARE, in one pipeline */
         SETUP_DONE
 };
+
+/* PostgreSQL's longest identifier, and so NOTIFY channel name. */
+#define CHANNEL_MAX 63
+
+void db_disconnect(struct db *db) {
+        if (db->conn)
+                PQfinish(db->conn);
+        db->conn = NULL;
+        db->closing = 0;
+        db->phase = DB_DOWN;
+        db->setup = 0;
+        db->want_write = 0;
+        db->running = NULL;
+        PQclear(db->pending);
+        db->pending = NULL;
+        free(db->qtable);
+        free(db->channel);
+        free(db->topic_expr);
+        db->qtable = db->channel = db->topic_expr = NULL;
+        db->admin_temp = 0; /* temp tables go with the session */
+        buf_free(&db->copy);
+}
+
+void db_channel_name(const char *schema, const char *name, char *out) {
+        char whole[2 * (CHANNEL_MAX + 1)]; /* each part is an identifier */
+        snprintf(whole, sizeof whole, "%s.%s", schema, name);
+        size_t n = encode_utf8_prefix(whole, CHANNEL_MAX);
+        memcpy(out, whole, n);
+        out[n] = '\0';
+}
+
+int db_set_table(struct db *db, const char *schema, const char *name, char *errstr, size_t size) {
+        char *nsp = PQescapeIdentifier(db->conn, schema, strlen(schema));
+        char *rel = PQescapeIdentifier(db->conn, name, strlen(name));
+        size_t qlen = (nsp ? strlen(nsp) : 0) + (rel ? strlen(rel) : 0) + 2;
+        int rc = -1;
+        free(db->qtable);
+        free(db->channel);
+        db->qtable = malloc(qlen);
+        db->channel = malloc(CHANNEL_MAX + 1);
+        if (!nsp || !rel || !db->qtable || !db->channel) {
+                errstr_set(errstr, size, "out of memory");
+                goto out;
+        }
+        snprintf(db->qtable, qlen, "%s.%s", nsp, rel);
+        db_channel_name(schema, name, db->channel);
+        rc = 0;
+out:
+        if (nsp)
+                PQfreemem(nsp);
+        if (rel)
+                PQfreemem(rel);
+        return rc;
+}
 
 int db_async_configure(struct db *db, const struct db_session *s) {
         char *app = strdup(s->app_name ? s->app_name : "outbox-relay");
