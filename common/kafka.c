@@ -328,6 +328,18 @@ int kafka_conf_get(const struct config *cfg, const char *name, char *out, size_t
         return rc;
 }
 
+/* Frees what kafka_new() made around the producer: the wake-up pipe, the
+ * known topics, the handle. */
+static void free_handle(struct kafka *k) {
+        for (int i = 0; i < 2; i++)
+                if (k->wake[i] >= 0)
+                        close(k->wake[i]);
+        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
+                free(k->known[i]);
+        free(k->known);
+        free(k);
+}
+
 struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, kafka_stats_cb *stats,
                         void *ctx, char *errstr, size_t errstr_size) {
         struct kafka *k = calloc(1, sizeof *k);
@@ -378,13 +390,7 @@ struct kafka *kafka_new(const struct config *cfg, kafka_delivery_cb *cb, kafka_s
         rd_kafka_queue_destroy(q);
         return k;
 fail:
-        for (int i = 0; i < 2; i++)
-                if (k->wake[i] >= 0)
-                        close(k->wake[i]);
-        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
-                free(k->known[i]);
-        free(k->known);
-        free(k);
+        free_handle(k);
         return NULL;
 }
 
@@ -486,11 +492,5 @@ void kafka_destroy(struct kafka *k) {
         rd_kafka_purge(k->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
         rd_kafka_flush(k->rk, 1000);
         rd_kafka_destroy(k->rk);
-        for (int i = 0; i < 2; i++)
-                if (k->wake[i] >= 0)
-                        close(k->wake[i]);
-        for (size_t i = 0; k->known && i < KNOWN_TOPICS_MAX * 2; i++)
-                free(k->known[i]);
-        free(k->known);
-        free(k);
+        free_handle(k);
 }

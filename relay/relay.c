@@ -587,6 +587,12 @@ static int lock_limit(const struct relay *r) {
         return rows > 0 && bytes > 0 && r->nbatches < MAX_BATCH_OBJECTS ? (int)rows : 0;
 }
 
+/* Whether the relay locks at all now: not while stopping, after a fatal
+ * producer error, or while the producer's messages are purged. */
+static int locking(const struct relay *r) {
+        return !r->stopping && !r->fatal && !r->purged;
+}
+
 static int send_lock(struct relay *r, int limit, double now) {
         char err[512], lim[16];
         snprintf(lim, sizeof lim, "%d", limit);
@@ -653,7 +659,7 @@ static void lock_or_fetch(struct relay *r, double now) {
                 send_fetch(r, f, now);
                 return;
         }
-        if (r->stopping || r->fatal || r->purged || !stmt_may_run(r, r->lock_stmt, now))
+        if (!locking(r) || !stmt_may_run(r, r->lock_stmt, now))
                 return;
         if (!(r->lock_wanted || now >= r->next_lock) || now < r->lock_not_before)
                 return;
@@ -1378,7 +1384,7 @@ static double next_deadline(const struct relay *r, double now) {
         /* a lock that cannot be sent (holding as many rows as it may,
          * stopping, purging) is no deadline: what lets it go (a delivery
          * report, a mark's answer) wakes the loop itself */
-        int may_lock = !r->stopping && !r->fatal && !r->purged && lock_limit(r) > 0;
+        int may_lock = locking(r) && lock_limit(r) > 0;
         if (may_lock && r->next_lock < t)
                 t = r->next_lock;
         if (may_lock && r->lock_wanted && r->lock_not_before > now && r->lock_not_before < t)
