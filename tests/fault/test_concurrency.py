@@ -50,7 +50,14 @@ def test_three_relays_20k_events(db, kafka, tmp_path, report):
     for row in db.execute("SELECT new_locked_by AS who, count(*) AS n FROM %s.lock_audit "
                           "WHERE new_status = 'PUBLISHING' GROUP BY 1" % db.schema):
         per_relay[row["who"]] = row["n"]
-    assert audit.lock_count == total, "every row locked exactly once without faults"
+    # Without faults every row is attempted (produced) exactly once. A lock may
+    # take a later version whose run another relay broke (its predecessor
+    # locked there meanwhile): that row goes back unattempted, never produced.
+    released = sum(audit.unattempted.values())
+    assert audit.lock_count - released == total, \
+        "every row attempted exactly once without faults (%d locks, %d given back " \
+        "unattempted)" % (audit.lock_count, released)
+    assert released <= total // 100, "at most 1 %% of locks given back: %d" % released
     assert all(r["attempt_count"] == 1 for r in table)
     assert all(n > 0 for n in per_relay.values()), per_relay
     # no relay held more than MAX_BATCHES batches' rows at once
@@ -62,12 +69,13 @@ def test_three_relays_20k_events(db, kafka, tmp_path, report):
     report("%d events (half from a writer committing %d transaction pairs in reverse "
            "version order), %d aggregates x %d versions, %d relays: all PUBLISHED in %.1fs; "
            "locks per relay %s, most rows held at once %s; audit: %d locks, 0 overlapping; "
-           "kafka: %d messages, %d distinct, %d duplicates, order ok in %d partitions; "
+           "%d given back unattempted; kafka: %d messages, %d distinct, %d duplicates, "
+           "order ok in %d partitions; "
            "max lag %.2fs (kafka), "
            "%.2fs (table)",
            total, reversed_pairs, AGGREGATES, VERSIONS, RELAYS, elapsed, per_relay,
            dict(audit.max_held),
-           audit.lock_count,
+           audit.lock_count, released,
            len(kc.msgs), len(kc.ids), kc.extra_copies,
            len({(m["topic"], m["partition"]) for m in kc.msgs}), kc.max_lag_s, db_lag_s(db))
 
