@@ -69,10 +69,14 @@
 /* A statement waiting this long on the lock or mark connection has its
  * blockers looked up and logged. */
 #define BLOCKED_REPORT_S 1.0
-/* Aggregates this relay has a run of versions in flight for are left out
- * of the lock window (at most this many), so their queued versions do not
- * fill it. */
-#define HOT_KEYS_MAX 64
+/* The lock window leaves out the aggregates this relay has a run of
+ * versions in flight for, and those whose row has been in flight this long
+ * (a slow or stopped broker's partitions): the guard holds their queued
+ * versions until the row in flight is marked, and held rows at the window's
+ * head would keep every other aggregate's rows out of it. Rows in flight for
+ * less than this are acknowledged soon: leaving their aggregates in keeps
+ * the list, which the window scans for every row it reads, short. */
+#define STUCK_S 0.5
 /* A version gap is reported once it has held its aggregate this long;
  * gaps logged per sample at most; each logged once (remembered by hash). */
 #define GAP_REPORT_AFTER_S 5
@@ -148,7 +152,9 @@ struct relay {
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
         struct buf list, list2; /* parameter text */
-        long long hot[HOT_KEYS_MAX];
+        struct buf list3;       /* the aggregates left out whole */
+        long long *hot;         /* their keys (as many as rows held, at most) */
+        size_t hot_cap;
 
         /* marking (the mark connection) */
         struct row **marking; /* the rows of the mark statement in flight */
@@ -533,37 +539,52 @@ static void produce(struct relay *r, double now) {
 
 /* ---- locking and fetching (the lock connection) --------------------------- */
 
-/* The aggregates the lock window leaves out, as two bigint[] literals
- * (keys, from which version): those this relay has a run of versions in
- * flight for (their queued versions would fill the window), from any
- * version; those a version gap holds, from the held version (the missing
- * one, when it comes, is below it). */
-static int exclusions(struct relay *r, struct buf *keys, struct buf *from) {
+/* The aggregates the lock window leaves out: those it leaves out from
+ * any version (STUCK_S above), as one bigint[] literal of keys, and those a
+ * version gap holds, from the held version (the missing one, when it comes,
+ * is below it), as two (keys, from which version). */
+static int by_key(const void *a, const void *b) {
+        long long x = *(const long long *)a, y = *(const long long *)b;
+        return (x > y) - (x < y);
+}
+
+static int exclusions(struct relay *r, double now, struct buf *out, struct buf *gap_keys,
+                      struct buf *gap_from) {
         size_t n = 0;
-        buf_reset(keys);
-        buf_reset(from);
-        if (buf_append(keys, "{", 1) || buf_append(from, "{", 1))
-                return -1;
-        for (struct batch *b = r->batches; b && n < HOT_KEYS_MAX; b = b->next)
-                for (size_t i = 0; i < b->n && n < HOT_KEYS_MAX; i++) {
+        buf_reset(out);
+        buf_reset(gap_keys);
+        buf_reset(gap_from);
+        for (struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++) {
                         const struct row *w = &b->rows[i];
-                        if ((w->next < 0 && w->prev < 0) || w->stage == ROW_MARKED)
-                                continue; /* not a row of a run still in flight */
-                        int seen = 0;
-                        for (size_t k = 0; k < n && !seen; k++)
-                                seen = r->hot[k] == w->key;
-                        if (seen)
+                        if (w->stage == ROW_MARKED ||
+                            (w->next < 0 && w->prev < 0 && now - b->locked_at < STUCK_S))
                                 continue;
+                        if (n == r->hot_cap) {
+                                size_t cap = r->hot_cap ? r->hot_cap * 2 : 64;
+                                long long *hot = realloc(r->hot, cap * sizeof *hot);
+                                if (!hot)
+                                        return -1;
+                                r->hot = hot;
+                                r->hot_cap = cap;
+                        }
                         r->hot[n++] = w->key;
-                        if (buf_appendf(keys, "%s%lld", n > 1 ? "," : "", w->key) ||
-                            buf_appendf(from, "%s%lld", n > 1 ? "," : "", LLONG_MIN))
-                                return -1;
                 }
-        for (size_t g = 0; g < r->ngap_keys; g++, n++)
-                if (buf_appendf(keys, "%s%lld", n ? "," : "", r->gap_keys[g]) ||
-                    buf_appendf(from, "%s%lld", n ? "," : "", r->gap_held[g]))
+        if (n > 1)
+                qsort(r->hot, n, sizeof *r->hot, by_key);
+        if (buf_append(out, "{", 1))
+                return -1;
+        for (size_t k = 0; k < n; k++)
+                if ((k == 0 || r->hot[k] != r->hot[k - 1]) &&
+                    buf_appendf(out, "%s%lld", out->len > 1 ? "," : "", r->hot[k]))
                         return -1;
-        return buf_append(keys, "}", 1) || buf_append(from, "}", 1);
+        if (buf_append(out, "}", 1) || buf_append(gap_keys, "{", 1) || buf_append(gap_from, "{", 1))
+                return -1;
+        for (size_t g = 0; g < r->ngap_keys; g++)
+                if (buf_appendf(gap_keys, "%s%lld", g ? "," : "", r->gap_keys[g]) ||
+                    buf_appendf(gap_from, "%s%lld", g ? "," : "", r->gap_held[g]))
+                        return -1;
+        return buf_append(gap_keys, "}", 1) || buf_append(gap_from, "}", 1);
 }
 
 /* How many rows the next lock may take: a batch, within what the relay may
@@ -596,16 +617,21 @@ static int locking(const struct relay *r) {
 static int send_lock(struct relay *r, int limit, double now) {
         char err[512], lim[16];
         snprintf(lim, sizeof lim, "%d", limit);
-        const char *params[5] = {r->cfg->relay_id, lim, NULL, NULL,
+        const char *params[6] = {r->cfg->relay_id,
+                                 lim,
+                                 NULL,
+                                 NULL,
                                  r->cfg->ordering == ORDERING_INCREASING ? "increasing"
-                                                                         : "aggregate"};
+                                                                         : "aggregate",
+                                 NULL};
         int n = 2;
         if (r->lock_stmt == RELAY_SQL_LOCK) {
-                if (exclusions(r, &r->list, &r->list2) != 0)
+                if (exclusions(r, now, &r->list3, &r->list, &r->list2) != 0)
                         return -1;
                 params[2] = r->list.data;
                 params[3] = r->list2.data;
-                n = 5;
+                params[5] = r->list3.data;
+                n = 6;
         }
         if (db_async_send(db_of(r, C_LOCK), r->lock_stmt, n, params, 1, now, err, sizeof err) !=
             0) {
@@ -1544,6 +1570,8 @@ void relay_destroy(struct relay *r) {
                 buf_free(&r->mp[k]);
         buf_free(&r->list);
         buf_free(&r->list2);
+        buf_free(&r->list3);
+        free(r->hot);
         free(r->marking);
         free(r);
 }

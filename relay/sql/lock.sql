@@ -2,10 +2,13 @@
 -- (docs/DESIGN.md, "Status machine" steps 1 and 2, "Per-aggregate order").
 --   $1 text      relay id (locked_by)
 --   $2 int       rows at most
---   $3 bigint[]  keys of aggregates to leave out from a version on: those this
---   $4 bigint[]  relay has in flight (from the lowest bigint), those a gap
---                holds (from the held version); in pairs
+--   $3 bigint[]  keys of aggregates to leave out from a version on: those a
+--   $4 bigint[]  gap holds (from the held version); in pairs
 --   $5 text      the ordering: aggregate or increasing
+--   $6 bigint[]  keys of aggregates to leave out whole: those this relay has
+--                in flight (a run of versions, or a row a slow broker holds),
+--                whose later versions the guard would hold at the window's
+--                head; the row's key is computed once and compared to each
 -- Returns the rows it locked: ctid after the lock, outbox_id, attempt_count,
 -- late_after (a published version above the row's run: the row goes DEAD
 -- unsent), the aggregate and version, size (what the row weighs as stored:
@@ -39,6 +42,8 @@ window_rows AS MATERIALIZED (
   WHERE o.published_at IS NULL AND o.status IN ('PENDING', 'FAILED')
     AND o.available_at <= now() /* test: lock pause */
     AND ($5 = 'aggregate' OR o.txid IS NULL OR o.txid < (SELECT xmin FROM horizon))
+    AND hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,
+          hashtextextended(o.tenant_id, 0))) <> ALL ($6::bigint[])
     AND NOT EXISTS (
       SELECT 1 FROM unnest($3::bigint[], $4::bigint[]) AS x(k, from_v)
       WHERE x.k = hashtextextended(o.aggregate_id, hashtextextended(o.aggregate_type,

@@ -50,9 +50,9 @@ static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s
         struct buf tids = {0}, ids = {0};
         long n = -1;
         snprintf(lim, sizeof lim, "%d", batch);
-        const char *lp[5] = {rid, lim, "{}", "{}", "aggregate"};
+        const char *lp[6] = {rid, lim, "{}", "{}", "aggregate", "{}"};
         double t0 = clock_mono_s();
-        struct db_result *lock = db_exec(db, RELAY_SQL_LOCK, 5, lp, 1, err, sizeof err);
+        struct db_result *lock = db_exec(db, RELAY_SQL_LOCK, 6, lp, 1, err, sizeof err);
         struct db_result *fetch = NULL, *mark = NULL;
         if (!lock || !db_result_ok(lock)) {
                 fprintf(stderr, "sqlcycle: lock: %s\n", lock ? db_result_error(lock) : err);

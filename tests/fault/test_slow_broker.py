@@ -167,7 +167,7 @@ def test_slow_broker_holds_only_its_partitions(db, cluster, tmp_path, report):
         if m is None or lead == victim or c > cont_at or m["timestamp"] / 1e3 < stop_at:
             continue
         since = max(c, moment[lead] or cont_at)
-        late.append((m["timestamp"] / 1e3 - since, eid, m["partition"]))
+        late.append((m["timestamp"] / 1e3 - since, eid, m["partition"], c - stop_at))
     late.sort(reverse=True)
 
     # The stopped broker's partitions: the first append after the SIGSTOP.
@@ -182,7 +182,7 @@ def test_slow_broker_holds_only_its_partitions(db, cluster, tmp_path, report):
     report("broker %d (leader of partitions %s) SIGSTOPped %.0f s; Kafka took acks=all "
            "writes again after %s s (probe, per healthy broker; its longest stall %s s); "
            "healthy-led events: %d, latest %.2f s after max(commit, moment) (bound %.0f s), "
-           "%d later than the bound; the stopped broker's partitions took writes again "
+           "%d later than the bound (latest: (late s, committed s after the SIGSTOP, partition) %s); the stopped broker's partitions took writes again "
            "after %s s (bound %.0f s); %d events, %s, %d duplicate copies, audit "
            "violations %d, Kafka problems %d",
            victim, victim_parts, STOP_S,
@@ -190,6 +190,7 @@ def test_slow_broker_holds_only_its_partitions(db, cluster, tmp_path, report):
            {b: round(s, 2) for b, s in stall.items()}, len(late),
            late[0][0] if late else 0.0, HEALTHY_BOUND_S,
            sum(1 for x in late if x[0] > HEALTHY_BOUND_S),
+           [(round(x[0], 2), round(x[3], 1), x[2]) for x in late[:8]],
            {p: round(s, 2) if s is not None else None for p, s in back_s.items()},
            VICTIM_BOUND_S, total, counts, kc.extra_copies, len(audit.violations),
            len(problems))

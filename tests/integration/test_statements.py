@@ -23,7 +23,7 @@ SESSION = ("SET jit = off; SET plan_cache_mode = force_generic_plan;"
 
 # Test values for each statement's parameters ($1 ...), by statement name.
 PARAMS = {
-    "lock": ["'r1'", "500", "'{}'::bigint[]", "'{}'::bigint[]", "'aggregate'"],
+    "lock": ["'r1'", "500", "'{}'::bigint[]", "'{}'::bigint[]", "'aggregate'", "'{}'::bigint[]"],
     "lock_none": ["'r1'", "500"],
     "fetch": ["'{\"(0,1)\"}'::tid[]", "'r1'", "4194304", "1000000"],
     "mark_published": ["'r1'", "'{\"(0,1)\"}'::tid[]",
