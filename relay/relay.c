@@ -964,6 +964,11 @@ static void mark_moved(struct relay *r, double now) {
 
 /* A row is marked (or its lock was lost): it leaves the relay. */
 static void row_done(struct relay *r, struct row *w, int lost) {
+        if (lost && w->mark == DECIDE_FAILED)
+                /* the attempt failed whether or not its mark still applied:
+                 * outbox_events_failed_total counts attempts, so a broker
+                 * down past the lock timeout still shows in the failure rate */
+                metrics_add(M_EVENTS_FAILED, w->code, 1);
         if (lost && !w->mark_uncertain) {
                 metrics_add(M_LOCK_LOST, NULL, 1);
                 log_warn("relay", "lock lost before marking", "outbox_id=%s", w->id);
