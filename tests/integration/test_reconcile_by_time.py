@@ -20,7 +20,7 @@ import time
 import types
 import uuid
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from conftest import relay_env
 from harness import MockBroker, Relay, bin_path, wait_until
@@ -112,22 +112,39 @@ def test_apache_kafka_looks_offsets_up_by_time(db, kafka, tmp_path, report):
     report("Apache Kafka: offsets looked up by time, no partition scanned, 70/70, missing 0")
 
 
+def leader_of_a_partition_with_messages(bootstrap, topic):
+    """The broker id leading a partition of `topic` that holds messages (the
+    mock cluster picks leaders at random: both partitions may share one)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "leader-probe",
+                  "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        for p in sorted(parts):
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if hi > lo:
+                return parts[p].leader
+    finally:
+        c.close()
+    raise AssertionError("no partition of %s holds a message" % topic)
+
+
 def test_partition_that_cannot_be_read_is_cannot_tell_not_missing(db, tmp_path, report):
     with MockBroker(["-b", "2"], log_dir=str(tmp_path)) as mock:
         topic = "%s.Order" % db.schema
         mock.create_topic(topic, 2)
         publish(db, mock.bootstrap, tmp_path, 40)
-        mock.down(2)
+        victim = leader_of_a_partition_with_messages(mock.bootstrap, topic)
+        mock.down(victim)
         try:
             code, out, err = reconcile(db, mock.bootstrap)
         finally:
-            mock.up(2)
+            mock.up(victim)
     assert code == 3, (code, out, err[-2000:])
     assert out["missing"] is None and out["cannot_tell"] is True and out["ok"] is False, out
     unread = out["unread_partitions"]
     assert unread and all(p["topic"] == topic and p["reason"] for p in unread), out
     assert out["not_found"] + out["messages"] >= 40 and out["not_found"] > 0, out
     assert "partition not read" in err, err[-2000:]
-    report("broker 2 down: exit 3, missing null, %d row(s) not found, unread: %s",
-           out["not_found"], ["%s[%d]: %s" % (p["topic"], p["partition"], p["reason"])
+    report("broker %d down: exit 3, missing null, %d row(s) not found, unread: %s",
+           victim, out["not_found"], ["%s[%d]: %s" % (p["topic"], p["partition"], p["reason"])
                               for p in unread])
