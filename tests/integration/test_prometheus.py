@@ -431,7 +431,10 @@ def live(pg, mock_kafka, tmp_path_factory):
         finally:
             blocker.close()
 
-        # --- wave 2: more of both topics, a second DEAD row
+        # --- wave 2: more of both topics, a second DEAD row; its first produce
+        # requests fail with a retriable error, so librdkafka retries them (the
+        # retries panel has something to show however the broker went down)
+        kafka.produce_errors(3, "NOT_ENOUGH_REPLICAS")
         db.insert_events(make_events(aggregates=10, aggregate_type="Order", id_prefix="o2") +
                          make_events(aggregates=10, aggregate_type="Invoice", id_prefix="i2"))
         db.insert_events([{"aggregate_type": "Order", "aggregate_id": "dead-2",
