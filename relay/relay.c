@@ -539,15 +539,16 @@ static void produce(struct relay *r, double now) {
 
 /* ---- locking and fetching (the lock connection) --------------------------- */
 
-/* The aggregates the lock window leaves out: those it leaves out from
- * any version (STUCK_S above), as one bigint[] literal of keys, and those a
- * version gap holds, from the held version (the missing one, when it comes,
- * is below it), as two (keys, from which version). */
+/* Orders aggregate keys (long long) ascending. */
 static int by_key(const void *a, const void *b) {
         long long x = *(const long long *)a, y = *(const long long *)b;
         return (x > y) - (x < y);
 }
 
+/* The aggregates the lock window leaves out: those it leaves out from
+ * any version (STUCK_S above), as one bigint[] literal of keys, and those a
+ * version gap holds, from the held version (the missing one, when it comes,
+ * is below it), as two (keys, from which version). */
 static int exclusions(struct relay *r, double now, struct buf *out, struct buf *gap_keys,
                       struct buf *gap_from) {
         size_t n = 0;
