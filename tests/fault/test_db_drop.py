@@ -94,17 +94,23 @@ def test_database_connection_dropped(pg, db, kafka, tmp_path, report):
 
 
 def test_sigterm_during_database_outage(pg, db, kafka, tmp_path, report):
-    """An idle relay whose database is shut down keeps trying to lock (and
-    fails: the server closed the connection before anything was sent). A
+    """An idle relay whose database is shut down keeps trying to reconnect. A
     SIGTERM then is still a clean stop: exit 0, nothing of its own
-    PUBLISHING, and no server notice on stderr outside the log format."""
+    PUBLISHING, and no server notice on stderr outside the log format.
+
+    The relay polls seldom here, so no lock statement is in flight when the
+    server goes: a lock whose answer the shutdown takes is a lock the relay
+    cannot know it holds, and then exit 1 with the rows left to the sweeper
+    is the right stop (DESIGN, "Lock statements with an unknown
+    outcome")."""
     if not pg.restartable:
         pytest.skip("needs OUTBOX_TEST_PG_DIR (or no OUTBOX_TEST_DATABASE_URL) to stop "
                     "PostgreSQL")
     warm = make_events(aggregates=5, versions=1)
     db.insert_events(warm)
     relay = Relay("outbox-relay", name="r-out", log_dir=tmp_path,
-                  env=relay_env(db, kafka, "r-out", OUTBOX_LOG_FORMAT="text"))
+                  env=relay_env(db, kafka, "r-out", OUTBOX_LOG_FORMAT="text",
+                                OUTBOX_POLL_INTERVAL_MS="600000"))
     try:
         wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
                    what="warm-up rows PUBLISHED")
