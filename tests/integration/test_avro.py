@@ -213,23 +213,30 @@ def test_registry_down_rows_fail_retriably_then_publish(db, kafka, tmp_path):
                 return len(re.findall(r'msg="events failed, will retry".*err=REGISTRY_UNAVAILABLE',
                                       relay.log_text()))
             wait_until(lambda: registry_failures() >= 3, 60, what="three failed attempts")
-            wait_until(lambda: db.count("status = 'FAILED'") == 5, 10, what="rows FAILED")
+            # the rows are read in the same statement that sees all five FAILED: with a
+            # 200-400 ms backoff they are locked again soon after
+            failed = []
+
+            def all_failed(where="status = 'FAILED'", params=None):
+                failed[:] = db.rows(where=where, params=params)
+                return len(failed) == 5
+            wait_until(all_failed, 10, what="rows FAILED")
+            assert {r["last_error_code"] for r in failed} == {"REGISTRY_UNAVAILABLE"}
             wait_until(lambda: db.count("status = 'PUBLISHED'") == 1, 20,
                        what="the tombstone PUBLISHED")
             counts = db.status_counts()
             assert counts["DEAD"] == 0 and counts["PUBLISHED"] == 1, counts
-            failed = db.rows(where="status = 'FAILED'")
-            assert {r["last_error_code"] for r in failed} == {"REGISTRY_UNAVAILABLE"}
             assert all("HTTP 503" in r["last_error_message"] for r in failed)
             assert all(r["attempt_count"] == 0 for r in failed), failed
             # down in another way: the connection drops without an answer
             reg.fail_with = "close"
             seen = registry_failures()
             wait_until(lambda: registry_failures() >= seen + 3 and
-                       db.count("status = 'FAILED' AND last_error_message NOT LIKE %s",
-                                ("%HTTP 503%",)) == 5,
+                       all_failed("status = 'FAILED' AND last_error_message NOT LIKE %s",
+                                  ("%HTTP 503%",)),
                        30, what="more attempts against a dropping registry")
-            assert all(r["attempt_count"] == 0 for r in db.rows(where="status = 'FAILED'"))
+            assert {r["last_error_code"] for r in failed} == {"REGISTRY_UNAVAILABLE"}
+            assert all(r["attempt_count"] == 0 for r in failed), failed
             assert db.status_counts()["DEAD"] == 0
             reg.fail_with = None
             wait_until(published(db, len(rows)), 30, what="rows PUBLISHED after the registry is up")
