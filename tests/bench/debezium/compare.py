@@ -237,12 +237,41 @@ class PgMeter:
                 "pg_own_backends": len(self.own)}
 
     def table_stats(self, table):
-        """pg_stat_user_tables counters of one table (analyze and vacuum runs)."""
+        """Counters of one table and of the server, for deltas over a run:
+        pg_stat_user_tables (analyze and vacuum runs; tuples updated, HOT,
+        deleted; scans), each index's scans and entries read
+        ("idx:<name>:scan", ":read"), heap blocks hit and read, WAL records
+        and full-page images, and the database's commits (every relay
+        statement is one transaction). Backends publish their counters at
+        most once a second (PostgreSQL 15+), so read them a second after the
+        work."""
         schema, name = table.split(".", 1)
+        out = {}
         r = self.query("SELECT analyze_count, autoanalyze_count, vacuum_count,"
-                       " autovacuum_count FROM pg_stat_user_tables"
+                       " autovacuum_count, n_tup_upd, n_tup_hot_upd, n_tup_del,"
+                       " coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0), seq_scan,"
+                       " seq_tup_read FROM pg_stat_user_tables"
                        " WHERE schemaname = %s AND relname = %s", (schema, name))
-        return dict(zip(("analyze", "autoanalyze", "vacuum", "autovacuum"), r[0])) if r else {}
+        if r:
+            out.update(zip(("analyze", "autoanalyze", "vacuum", "autovacuum", "tup_upd",
+                            "tup_hot_upd", "tup_del", "idx_scan", "idx_tup_fetch",
+                            "seq_scan", "seq_tup_read"), r[0]))
+        for iname, scans, read in self.query(
+                "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes"
+                " WHERE schemaname = %s AND relname = %s", (schema, name)):
+            out["idx:%s:scan" % iname], out["idx:%s:read" % iname] = scans, read
+        r = self.query("SELECT heap_blks_hit, heap_blks_read FROM pg_statio_user_tables"
+                       " WHERE schemaname = %s AND relname = %s", (schema, name))
+        if r:
+            out["heap_blks_hit"], out["heap_blks_read"] = r[0]
+        r = self.query("SELECT wal_records, wal_fpi FROM pg_stat_wal")
+        if r:
+            out["wal_records"], out["wal_fpi"] = r[0]
+        r = self.query("SELECT xact_commit FROM pg_stat_database"
+                       " WHERE datname = current_database()")
+        if r:
+            out["xact_commit"] = r[0][0]
+        return {k: int(v or 0) for k, v in out.items()}
 
     def unpublished(self, table):
         return self.query("SELECT count(*) FROM %s WHERE published_at IS NULL" % table)[0][0]
@@ -547,6 +576,7 @@ class Group:
                 else:
                     c.pause()
             conn, writer_pid = self.writer_conn()
+            time.sleep(1.2)  # the warm-up's counters published before the first reading
             stats0 = self.meter.table_stats(s.table)
             self.meter.start(self.own_where(system), exclude=[writer_pid])
             threads0, wal0 = threads_cpu(pids), self.meter.wal_lsn()
@@ -573,6 +603,7 @@ class Group:
             broker = cpu_s(self.kafka.pid(1)) - broker0
             threads = {k: v - threads0.get(k, 0.0) for k, v in threads_cpu(pids).items()}
             wal_bytes = self.meter.wal_lsn() - wal0
+            time.sleep(1.2)  # the backends' counters are published once a second
             stats1 = self.meter.table_stats(s.table)
             rss_mib = rss.stop()
             conn.close()
