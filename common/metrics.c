@@ -134,7 +134,8 @@ static const struct metric_def metric_defs[M_COUNT] = {
         GAUGE(M_KAFKA_BROKER_OUTBUF, "outbox_kafka_broker_outbuf_messages", "broker",
               "librdkafka: messages in requests waiting to be sent to each broker."),
         COUNTER(M_KAFKA_RETRIES, "outbox_kafka_retries_total", NULL,
-                "librdkafka: requests sent again to brokers (retries)."),
+                "librdkafka: requests sent to brokers again (txretries; the messages of a "
+                "failed produce request are queued again, not counted here)."),
         COUNTER(M_KAFKA_ERRORS, "outbox_kafka_errors_total", NULL,
                 "librdkafka: request transmit and receive errors and request timeouts."),
         GAUGE(M_KAFKA_QUEUE_MESSAGES, "outbox_kafka_queue_messages", NULL,

@@ -62,7 +62,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # `kafka` (fixtures.py) is Apache Kafka: tests/run's single-node broker. A test
 # that needs the broker slow or hung pauses it (kafka.paused(): SIGSTOP, then
-# SIGCONT), which every test of the run sees: tests run one at a time.
+# SIGCONT); such a module is listed in tests/CMakeLists.txt
+# (OUTBOX_TESTS_PAUSE_BROKER), which gives it tests/run's second broker, one
+# such module at a time, so no test beside it sees the pause.
 
 
 @pytest.fixture

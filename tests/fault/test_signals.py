@@ -8,7 +8,8 @@ import signal
 import time
 
 from conftest import relay_env, sweeper_env
-from harness import Relay, make_events, wait_until
+from harness import Relay, free_port, make_events, wait_until
+from observe import scrape
 
 
 def test_hup_usr1_usr2_keep_relay_and_sweeper_running(db, kafka, tmp_path, report):
@@ -53,14 +54,21 @@ def test_second_sigterm_exits_at_once_and_counts_rows_left(db, own_kafka, tmp_pa
     db.insert_events(make_events(aggregates=5, aggregate_type="Order", id_prefix="w"))
     # A long delivery timeout: after the first SIGTERM the relay waits for
     # its batch's reports while the broker is down.
+    port = free_port()
     relay = Relay("outbox-relay", name="r-twice", log_dir=tmp_path,
-                  env=relay_env(db, kafka, "r-twice", OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000))
+                  env=relay_env(db, kafka, "r-twice", OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000,
+                                OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port))
     try:
         wait_until(lambda: db.status_counts()["PUBLISHED"] == 5, 30, what="warm-up")
         kafka.down()
         db.insert_events(make_events(aggregates=50, aggregate_type="Order", id_prefix="d"))
-        held = wait_until(lambda: db.count("status = 'PUBLISHING' AND locked_by = 'r-twice'"),
-                          30, interval=0.02, what="r-twice holding a batch")
+        held = 50
+        wait_until(lambda: db.count("status = 'PUBLISHING' AND locked_by = 'r-twice'") == held,
+                   30, interval=0.02, what="r-twice holding the 50 rows")
+        # all of them with the producer (librdkafka's statistics, each second):
+        # a stop gives back the rows it has not produced yet
+        wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0) >= held,
+                   20, interval=0.1, what="the 50 rows in the producer's queue")
         relay.send_signal(signal.SIGTERM)
         # the first signal is taken (two sent at once would be one signal)
         relay.wait_log(r'msg="stop requested: finishing the work in hand" rows_publishing=%d'

@@ -10,8 +10,9 @@ again within the capped backoff (docs/DESIGN.md, "Exit codes and signals",
 rename it waits for a table of that name.
 
 The reconnect attempts are counted on the server: every attempt is a session
-of the database (pg_stat_database.sessions), and nothing else opens one
-while the table is gone."""
+of the database (pg_stat_database.sessions). The test has a database of its
+own, so nothing else opens one there while the table is gone, whatever runs
+beside it on the server."""
 import collections
 import re
 import time
@@ -19,8 +20,9 @@ import time
 import pytest
 
 from conftest import relay_env
-from harness import Relay, free_port, make_events, wait_until, _migrations
-from observe import readyz
+from harness import (Postgres, Relay, TestSchema, free_port, make_events, wait_until,
+                     _migrations)
+from observe import OtherDatabase, readyz
 
 MISSING_LINE = r'msg="table missing, retrying" connection=(\w+) retry_ms=(\d+)'
 FAILING_LINE = r'msg="statement failing" statement=(\w+) sqlstate=(\w+)'
@@ -47,8 +49,16 @@ def sessions(db):
                       " WHERE datname = current_database()")[0]["sessions"]
 
 
+@pytest.fixture
+def own_db(pg):
+    """A schema in a database of the test's own (see the module's text)."""
+    with OtherDatabase(pg, "gone") as other, TestSchema(Postgres(url=other.url), "gone") as db:
+        yield db
+
+
 @pytest.mark.parametrize("how", ["drop", "rename"])
-def test_table_gone_backs_off_not_ready_and_recovers(db, kafka, tmp_path, report, how):
+def test_table_gone_backs_off_not_ready_and_recovers(own_db, kafka, tmp_path, report, how):
+    db = own_db
     port = free_port()
     relay = Relay("outbox-relay", name="r-gone", log_dir=tmp_path,
                   env=relay_env(db, kafka, "r-gone", OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port))

@@ -432,8 +432,8 @@ def live(pg, mock_kafka, tmp_path_factory):
             blocker.close()
 
         # --- wave 2: more of both topics, a second DEAD row; its first produce
-        # requests fail with a retriable error, so librdkafka retries them (the
-        # retries panel has something to show however the broker went down)
+        # requests fail with a retriable error, so librdkafka sends their
+        # messages again (in new requests: not in outbox_kafka_retries_total)
         kafka.produce_errors(3, "NOT_ENOUGH_REPLICAS")
         db.insert_events(make_events(aggregates=10, aggregate_type="Order", id_prefix="o2") +
                          make_events(aggregates=10, aggregate_type="Invoice", id_prefix="i2"))
@@ -491,6 +491,12 @@ def test_dashboard_query(live, qid, kind, query, legend):
 
     expr = expand_grafana(query)
     moving = bool(re.search(r"\b(rate|increase|irate|histogram_quantile)\(", expr))
+    # librdkafka counts a retry (txretries) only for a request it sends again,
+    # such as a metadata request cut off by a broker going down; nothing the
+    # fixture does is certain to make one. The counter is exported from the
+    # start, so the panel's query still has to return a (zero) series.
+    if "outbox_kafka_retries_total" in expr:
+        moving = False
 
     def ok():
         samples = prom.query(expr)

@@ -462,7 +462,14 @@ class KafkaCluster:
 
     @classmethod
     def shared(cls):
+        """tests/run's broker (OUTBOX_TEST_KAFKA_DIR), else one of its own. A
+        module that pauses the broker (OUTBOX_TEST_KAFKA_PAUSES=1, set by
+        tests/CMakeLists.txt) gets tests/run's second broker when there is
+        one (OUTBOX_TEST_PAUSABLE_KAFKA_DIR), which no other module uses
+        meanwhile: a pause stops every producer of the broker."""
         d = os.environ.get("OUTBOX_TEST_KAFKA_DIR")
+        if os.environ.get("OUTBOX_TEST_KAFKA_PAUSES") == "1":
+            d = os.environ.get("OUTBOX_TEST_PAUSABLE_KAFKA_DIR") or d
         return cls(dir=d) if d else cls()
 
     def _read(self, name):
