@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import parse_ts, reconnect, relay_env
-from harness import Relay, make_events, wait_until
+from harness import Postgres, Relay, make_events, wait_until
 
 RETRY_LINE = r'msg="database connection down, retrying" connection=(\w+) retry_ms=(\d+)'
 REFUSED_LINE = (r'msg="database connection down, retrying" connection=(\w+) retry_ms=\d+'
@@ -29,6 +29,14 @@ DOWN_S = 6.0
 # connection tries about 30 times, and the ways it fails while the server
 # stops, is down and starts are few.
 MAX_LINES_PER_CONNECTION = 6
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A server of the module's own: the tests restart it, stop it and end its
+    sessions, which no module running beside them may see."""
+    with Postgres(own=True) as server:
+        yield server
 
 
 def lines_after_stop(log):

@@ -158,14 +158,14 @@ class Postgres:
     whole run; $OUTBOX_TEST_PG_DIR names its deploy/local/pg directory and makes
     restart() possible), else starts its own with deploy/local/pg in a temporary
     directory, removed by close(). `settings` (deploy/local/pg's environment, e.g.
-    {"PG_WAL_LEVEL": "logical"}) always gives a server of its own with them.
+    {"PG_WAL_LEVEL": "logical"}) or own=True always give a server of its own.
     """
 
-    def __init__(self, url=None, settings=None):
+    def __init__(self, url=None, settings=None, own=False):
         self.owned = False
         self.dir = None
         self.settings = dict(settings or {})
-        url = None if settings else url or os.environ.get("OUTBOX_TEST_DATABASE_URL")
+        url = None if settings or own else url or os.environ.get("OUTBOX_TEST_DATABASE_URL")
         if url:
             self.url = url
             self.dir = os.environ.get("OUTBOX_TEST_PG_DIR") or None
