@@ -504,14 +504,20 @@ class KafkaCluster:
                                  % (n or self.nodes, timeout))
 
     def pid(self, n):
-        return int(self._read("node-%d/pid" % n))
+        """Node n's JVM pid, or None when it is not running: the pid file's
+        process must still be that JVM (a SIGKILLed node leaves its pid file,
+        and the pid may be reused by a process of another test)."""
+        nd = os.path.realpath(os.path.join(self.dir, "node-%d" % n))
+        pid = self._read("node-%d/pid" % n)
+        try:
+            with open("/proc/%d/cmdline" % int(pid), "rb") as f:
+                args = f.read().split(b"\0")
+        except (TypeError, ValueError, OSError):
+            return None
+        return int(pid) if os.path.join(nd, "server.properties").encode() in args else None
 
     def node_running(self, n):
-        try:
-            os.kill(self.pid(n), 0)
-            return True
-        except OSError:
-            return False
+        return self.pid(n) is not None
 
     def kill(self, n):
         """SIGKILL node n and wait for it to be gone."""
@@ -521,11 +527,17 @@ class KafkaCluster:
         """SIGTERM node n (a controlled shutdown) and wait for it to exit."""
         self._script("node-stop", self.dir, n, "TERM", timeout=60)
 
+    def _running_pid(self, n):
+        pid = self.pid(n)
+        if pid is None:
+            raise AssertionError("Kafka node %d of %s is not running" % (n, self.dir))
+        return pid
+
     def pause(self, n):
-        os.kill(self.pid(n), signal.SIGSTOP)
+        os.kill(self._running_pid(n), signal.SIGSTOP)
 
     def resume(self, n):
-        os.kill(self.pid(n), signal.SIGCONT)
+        os.kill(self._running_pid(n), signal.SIGCONT)
 
     @contextlib.contextmanager
     def paused(self, n=1):
