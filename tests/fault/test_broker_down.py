@@ -13,6 +13,7 @@ import time
 from conftest import (DELIVERY_TIMEOUT_MS, check_audit, check_kafka, cpu_seconds, db_lag_s,
                       relay_env, wait_quiet)
 from harness import Relay, http_status, free_port, make_events, wait_until
+from observe import scrape
 
 BACKOFF_INITIAL_MS = 1000
 BACKOFF_MAX_MS = 4000
@@ -140,10 +141,13 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
     ctid: here an operator touching trace_id while the broker hangs) must
     still be marked PUBLISHED by its relay, through the outbox_id fallback:
     no lost lock, no second attempt. Apache Kafka, stopped (SIGSTOP) while
-    the rows are in flight."""
+    the rows are in flight: locked, fetched and with the producer (the fetch
+    reads rows by that ctid too, and has no such fallback)."""
     topic = "%s.Order" % db.schema
     kafka.create_topic(topic, 4)
-    env = relay_env(db, kafka, "r-moved", OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000)
+    port = free_port()
+    env = relay_env(db, kafka, "r-moved", OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000,
+                    OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
     warm = make_events(aggregates=5, versions=1, id_prefix="w")
     db.insert_events(warm)
     with Relay("outbox-relay", name="r-moved", log_dir=tmp_path, env=env) as relay:
@@ -154,6 +158,9 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
             ids = db.insert_events(rows)
             wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
                                         (ids,)) == len(ids), 30, what="the rows in flight")
+            # with the producer (librdkafka's statistics, each second)
+            wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0)
+                       >= len(ids), 30, interval=0.1, what="the rows in the producer's queue")
             db.execute("SELECT set_config('outbox.actor', 'operator', false)")
             db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
                        % db.table, (ids,))
