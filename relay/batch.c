@@ -232,6 +232,21 @@ int batch_fetch_list(const struct batch *b, struct buf *out) {
         return buf_append(out, "}", 1);
 }
 
+int batch_fetch_ids(const struct batch *b, struct buf *out) {
+        buf_reset(out);
+        if (buf_append(out, "{", 1))
+                return -1;
+        int first = 1;
+        for (size_t i = 0; i < b->n; i++) {
+                if (b->rows[i].stage != ROW_LOCKED)
+                        continue;
+                if ((!first && buf_append(out, ",", 1)) || buf_appendf(out, "%s", b->rows[i].id))
+                        return -1;
+                first = 0;
+        }
+        return buf_append(out, "}", 1);
+}
+
 /* The row of b with ctid `tid` (6 bytes), or -1. */
 static long find_tid(const struct batch *b, const char *tid, int len) {
         if (len != 6)
@@ -296,10 +311,12 @@ static int fill(struct row *w, const struct db_result *r, int k, long long max_r
 
 static void free_part(struct batch *b, struct fetch_part *p);
 
-long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes) {
+long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes,
+                      long long *answered) {
         struct fetch_part *p = calloc(1, sizeof *p);
         long filled = 0;
         *bytes = 0;
+        *answered = 0;
         if (!p || db_result_cols(r) != F_NCOLS) {
                 free(p);
                 db_result_free(r);
@@ -309,6 +326,7 @@ long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, l
         p->next = b->parts;
         b->parts = p;
         for (int k = 0; k < db_result_rows(r); k++) {
+                *answered += cell_int(r, k, F_SIZE);
                 long i = find_tid(b, db_result_value(r, k, F_CTID), db_result_length(r, k, F_CTID));
                 if (i < 0 || b->rows[i].stage != ROW_LOCKED)
                         continue;

@@ -83,17 +83,27 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
 /* Frees the batch and every result it keeps. NULL is a no-op. */
 void batch_free(struct batch *b);
 
-/* The ctids of the rows still to fetch, as a PostgreSQL array literal into
- * out (reset first). 0, or -1 out of memory. */
+/* The ctids of the rows still to fetch, in the batch's order (by aggregate,
+ * then version: a version before the one that waits for it, which is the
+ * order fetch.sql fills its byte limit in), as a PostgreSQL array literal
+ * into out (reset first). 0, or -1 out of memory. */
 int batch_fetch_list(const struct batch *b, struct buf *out) __attribute__((warn_unused_result));
+
+/* The outbox_ids of the rows still to fetch, in batch_fetch_list()'s order,
+ * as a PostgreSQL array literal into out (reset first). 0, or -1 out of
+ * memory. */
+int batch_fetch_ids(const struct batch *b, struct buf *out) __attribute__((warn_unused_result));
 
 /* Takes a fetch's answer (binary; relay/sql/fetch.sql) and fills the rows
  * it has: ROW_READY, or settled DEAD when a row cannot become a message
  * (larger than max_row bytes: MSG_SIZE_TOO_LARGE; occurred_at outside RFC
- * 3339's years: INVALID_VALUE). *bytes gets the bytes of the rows it holds.
- * Rows it lacks stay ROW_LOCKED (fetched again later). Returns how many
- * rows it filled; -1 out of memory (the answer is freed). */
-long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes);
+ * 3339's years: INVALID_VALUE). *bytes gets the bytes of the rows it holds,
+ * *answered the size of every row the answer has (what fetch.sql's byte
+ * limit counted: below that limit, no row was left out for it). Rows it
+ * lacks stay ROW_LOCKED (fetched again later). Returns how many rows it
+ * filled; -1 out of memory (the answer is freed). */
+long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes,
+                      long long *answered);
 
 /* Settles row i with an outcome of `mark` (code static, msg copied and cut to
  * fit; both NULL for PUBLISHED and RELEASED). A row produced no more frees

@@ -151,6 +151,12 @@ struct relay {
         double lock_sent_at;    /* when it was sent (monotonic): its rows' lock age starts */
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
+        long long fetch_budget; /* the byte limit the fetch in flight was sent */
+        int fetching_by_id;     /* the fetch in flight looks its rows up by outbox_id */
+        /* The batch whose rows a fetch by ctid did not find: an UPDATE moved
+         * them since their lock (or the sweeper took them). Its rows are
+         * looked up by outbox_id until every one is read or known gone. */
+        struct batch *moved;
         struct buf list, list2; /* parameter text */
         struct buf list3;       /* the aggregates left out whole */
         long long *hot;         /* their keys (as many as rows held, at most) */
@@ -662,17 +668,29 @@ static int send_fetch(struct relay *r, struct batch *b, double now) {
                 budget = FETCH_BYTES_MAX;
         if (r->fetch_one)
                 budget = 1; /* the first row always comes */
-        snprintf(bytes, sizeof bytes, "%lld", budget > 0 ? budget : 1);
+        if (budget < 1)
+                budget = 1;
+        snprintf(bytes, sizeof bytes, "%lld", budget);
         snprintf(max_row, sizeof max_row, "%lld", kafka_max_message_bytes(r->kafka));
-        if (batch_fetch_list(b, &r->list) != 0)
+        int by_id = b == r->moved;
+        buf_reset(&r->list);
+        buf_reset(&r->list2);
+        buf_reset(&r->list3);
+        if (batch_fetch_list(b, by_id ? &r->list3 : &r->list) != 0 ||
+            (by_id && batch_fetch_ids(b, &r->list2) != 0) ||
+            buf_append(by_id ? &r->list : &r->list3, "{}", 2) ||
+            (!by_id && buf_append(&r->list2, "{}", 2)))
                 return -1;
-        const char *params[4] = {r->list.data, r->cfg->relay_id, bytes, max_row};
-        if (db_async_send(db_of(r, C_LOCK), RELAY_SQL_FETCH, 4, params, 1, now, err, sizeof err) !=
+        const char *params[6] = {r->list.data, r->cfg->relay_id, bytes,
+                                 max_row,      r->list3.data,    r->list2.data};
+        if (db_async_send(db_of(r, C_LOCK), RELAY_SQL_FETCH, 6, params, 1, now, err, sizeof err) !=
             0) {
                 conn_down(r, C_LOCK, err, now);
                 return -1;
         }
         r->fetching = b;
+        r->fetch_budget = budget;
+        r->fetching_by_id = by_id;
         return 0;
 }
 
@@ -793,26 +811,40 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                 return;
         }
         stmt_ok(r, RELAY_SQL_FETCH);
-        long long bytes = 0;
-        long filled = batch_take_fetch(b, res, kafka_max_message_bytes(r->kafka), &bytes);
+        long long bytes = 0, answered = 0;
+        long filled =
+                batch_take_fetch(b, res, kafka_max_message_bytes(r->kafka), &bytes, &answered);
         if (filled < 0) {
                 log_error("relay", "out of memory for fetched rows", NULL);
                 return;
         }
         r->bytes_held += bytes;
         learn_row_bytes(r, bytes, filled);
-        if (filled == 0) {
-                /* none of the rows asked for is this relay's any more (taken
-                 * back by the sweeper): nothing to mark */
-                for (size_t i = 0; i < b->n; i++)
-                        if (b->rows[i].stage == ROW_LOCKED) {
-                                batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
-                                b->rows[i].stage = ROW_MARKED;
-                                b->open--;
-                                r->rows_open--;
-                                metrics_add(M_LOCK_LOST, NULL, 1);
-                        }
+        /* Below the byte limit the answer left no row out: a row asked for
+         * and not in it is not where, or not whose, its lock said. */
+        if (answered < r->fetch_budget && b->unfetched > 0) {
+                if (!r->fetching_by_id) {
+                        /* moved by an UPDATE since its lock, or taken back */
+                        log_info("relay",
+                                 "rows not found where their lock left them: reading "
+                                 "them by outbox_id",
+                                 "rows=%zu", b->unfetched);
+                        r->moved = b;
+                } else {
+                        /* not this relay's any more (taken back by the
+                         * sweeper): nothing to mark */
+                        for (size_t i = 0; i < b->n; i++)
+                                if (b->rows[i].stage == ROW_LOCKED) {
+                                        batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
+                                        b->rows[i].stage = ROW_MARKED;
+                                        b->open--;
+                                        r->rows_open--;
+                                        metrics_add(M_LOCK_LOST, NULL, 1);
+                                }
+                }
         }
+        if (r->moved == b && b->unfetched == 0)
+                r->moved = NULL;
         if (r->fetch_one && filled > 0 && !to_fetch(r))
                 r->fetch_one = 0;
 }
@@ -1303,6 +1335,8 @@ static void free_done(struct relay *r, double now) {
                 *pp = b->next;
                 if (r->last == b)
                         r->last = prev;
+                if (r->moved == b)
+                        r->moved = NULL;
                 r->nbatches--;
                 metrics_observe(M_BATCH_DURATION, now - b->locked_at);
                 log_debug("relay", "batch done", "rows=%zu seconds=%.3f", b->n, now - b->locked_at);

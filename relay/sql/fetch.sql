@@ -2,12 +2,19 @@
 -- returned, read without locks (docs/DESIGN.md, "Memory").
 --   $1 tid[]   the rows
 --   $2 text    relay id: a row another relay or the sweeper took since is not read
---   $3 bigint  bytes: rows come while the text of those before them stays
---              below this (the first row always comes)
+--   $3 bigint  bytes: rows come while the text of those before them (in
+--              the order of $1, or $5) stays below this (the first row always
+--              comes). The relay lists each aggregate's versions in order, so
+--              a row the limit leaves out never comes before the version it
+--              waits for: the bytes held are never all rows that cannot go.
 --   $4 bigint  largest row: a row whose text is larger comes without its
 --              payload and headers (it cannot become a Kafka message); one
 --              whose JSON weighs more than four times this uncompressed is
 --              not even made into text
+--   $5 tid[]   rows an UPDATE moved since their lock (a fetch by ctid did
+--   $6 uuid[]  not find them): their lock's ctid and, in the same order, their
+--              outbox_id, by which they are found; each row comes with the
+--              ctid of $5. Empty arrays but then (and $1 empty then).
 -- Returns, in the binary format: ctid, size (the bytes of the row's text,
 -- which the two limits count), event_type, event_version, topic_name,
 -- partition_key, event_key, payload (JSON text, NULL for a tombstone or a
@@ -17,10 +24,11 @@
 -- correlation_id, causation_id, trace_id, occurred_at. Rows left out by $3
 -- are asked for again.
 --
--- Plan: a TID scan; each row's text is made once (materialized) and summed
--- in the order the scan gives.
+-- Plan: a TID scan (and a primary key probe per moved row); each row's text
+-- is made once (materialized), matched to its place in the list by a hash
+-- join and summed in that order.
 WITH texts AS MATERIALIZED (
-  SELECT o.ctid AS tid, o.event_type, o.event_version, o.topic_name, o.partition_key,
+  SELECT o.tid, o.event_type, o.event_version, o.topic_name, o.partition_key,
          o.event_key, o.correlation_id, o.causation_id, o.trace_id, o.occurred_at,
          w.bytes > 4 * $4 AS huge,
          w.bytes AS stored,
@@ -40,7 +48,10 @@ WITH texts AS MATERIALIZED (
          + coalesce(octet_length(o.event_key), 0) + coalesce(octet_length(o.correlation_id), 0)
          + coalesce(octet_length(o.causation_id), 0) + coalesce(octet_length(o.trace_id), 0)
            AS fixed
-  FROM :table o
+  FROM (SELECT t.ctid AS tid, t.* FROM :table t WHERE t.ctid = ANY ($1::tid[])
+        UNION ALL
+        SELECT m.tid, t.* FROM unnest($5::tid[], $6::uuid[]) AS m (tid, id)
+        JOIN :table t ON t.outbox_id = m.id) o
   -- what the JSON columns weigh uncompressed: a compressed value may stand
   -- for hundreds of times its stored size (126 MB of one character is
   -- stored in 1.5 MB), and making that into text takes seconds. A copy
@@ -55,7 +66,7 @@ WITH texts AS MATERIALIZED (
                                 AND pg_column_size(o.headers_json) > $4 / 256
                            THEN pg_column_size(o.headers_json || '{}'::jsonb)
                            ELSE pg_column_size(o.headers_json) END, 0) AS bytes) w
-  WHERE o.ctid = ANY ($1::tid[]) AND o.status = 'PUBLISHING' AND o.locked_by = $2),
+  WHERE o.status = 'PUBLISHING' AND o.locked_by = $2),
 sized AS (
   SELECT t.*,
          t.fixed + CASE WHEN t.huge THEN t.stored
@@ -63,9 +74,10 @@ sized AS (
                              + coalesce(octet_length(t.headers), 0) END AS size
   FROM texts t),
 counted AS (
-  SELECT s.*, coalesce(sum(s.size) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-              AS before
-  FROM sized s)
+  SELECT s.*, coalesce(sum(s.size) OVER (ORDER BY l.n ROWS BETWEEN UNBOUNDED PRECEDING
+                                                          AND 1 PRECEDING), 0) AS before
+  FROM sized s
+  JOIN unnest($1::tid[] || $5::tid[]) WITH ORDINALITY AS l (tid, n) ON l.tid = s.tid)
 SELECT c.tid, c.size, c.event_type, c.event_version, c.topic_name, c.partition_key,
        c.event_key,
        CASE WHEN c.size <= $4 THEN c.payload END AS payload,

@@ -71,8 +71,8 @@ static long cycle(struct db *db, const char *rid, double *lock_s, double *mark_s
         if (buf_append(&tids, "}", 1) || buf_append(&ids, "}", 1))
                 goto oom;
         if (n > 0) {
-                const char *fp[4] = {tids.data, rid, "16777216", "1000000"};
-                fetch = db_exec(db, RELAY_SQL_FETCH, 4, fp, 1, err, sizeof err);
+                const char *fp[6] = {tids.data, rid, "16777216", "1000000", "{}", "{}"};
+                fetch = db_exec(db, RELAY_SQL_FETCH, 6, fp, 1, err, sizeof err);
                 if (!fetch || !db_result_ok(fetch)) {
                         fprintf(stderr, "sqlcycle: fetch: %s\n",
                                 fetch ? db_result_error(fetch) : err);

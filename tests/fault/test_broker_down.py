@@ -182,6 +182,59 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
            len(rows))
 
 
+def test_rows_moved_before_their_fetch_are_read_by_id(db, kafka, tmp_path, report):
+    """A row's content is read by the ctid its lock returned. A row that an
+    UPDATE moved between its lock and that read (an operator touching
+    trace_id here; a table rewrite moves every row) is read by its outbox_id
+    instead: PUBLISHED on its first attempt, not left PUBLISHING until a
+    sweeper takes the lock back. The rows are large and OUTBOX_BATCH_BYTES
+    small, so with Apache Kafka stopped (SIGSTOP) the producer's queue is
+    full after a row or two and the others stay locked and unread."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    port = free_port()
+    env = relay_env(db, kafka, "r-unread", OUTBOX_BATCH_BYTES=65536,
+                    OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=60000,
+                    OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
+    warm = make_events(aggregates=2, versions=1, id_prefix="w")
+    db.insert_events(warm)
+    with Relay("outbox-relay", name="r-unread", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
+                   what="warm-up rows PUBLISHED")
+        rows = [{"aggregate_type": "Order", "aggregate_id": "big%d" % a,
+                 "aggregate_version": v, "event_type": "E",
+                 "payload_json": {"v": v, "pad": "x" * 600_000}}
+                for v in (1, 2, 3) for a in range(4)]
+        with kafka.paused():
+            ids = db.insert_events(rows)
+            wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
+                                        (ids,)) == len(ids), 30, what="the rows locked")
+            # librdkafka's statistics, each second: a row is with the producer,
+            # whose queue (2 x OUTBOX_BATCH_BYTES + 1 MiB) takes no second one
+            wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0) >= 1,
+                       30, interval=0.1, what="a row in the producer's queue")
+            db.execute("SELECT set_config('outbox.actor', 'operator', false)")
+            db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
+                       % db.table, (ids,))
+        counts = wait_quiet(db, 60, "the moved rows PUBLISHED")
+        assert relay.stop() == 0
+        log = relay.log_text()
+    assert counts["PUBLISHED"] == len(warm) + len(rows), counts
+    # the case under test happened: rows locked and not yet read were moved
+    assert "reading them by outbox_id" in log, log[-2000:]
+    table = db.rows()
+    assert all(r["attempt_count"] == 1 for r in table), \
+        [(r["outbox_id"], r["attempt_count"]) for r in table if r["attempt_count"] != 1]
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
+    assert not problems, problems  # G1, G2
+    assert len(kc.ids) == len(table)
+    report("%d rows of 600 kB locked and not yet read when an operator updated them (Apache "
+           "Kafka stopped, OUTBOX_BATCH_BYTES=64 KiB): read by outbox_id, all PUBLISHED on "
+           "their first attempt, every event once on Kafka, in order", len(rows))
+
+
 def test_versions_after_a_failed_one_go_back_unattempted(db, own_kafka, tmp_path, report):
     """The relay locks more batches while some are in flight, and an
     aggregate's versions in one batch go out one after the other. With the

@@ -25,7 +25,8 @@ SESSION = ("SET jit = off; SET plan_cache_mode = force_generic_plan;"
 PARAMS = {
     "lock": ["'r1'", "500", "'{}'::bigint[]", "'{}'::bigint[]", "'aggregate'", "'{}'::bigint[]"],
     "lock_none": ["'r1'", "500"],
-    "fetch": ["'{\"(0,1)\"}'::tid[]", "'r1'", "4194304", "1000000"],
+    "fetch": ["'{\"(0,1)\"}'::tid[]", "'r1'", "4194304", "1000000", "'{}'::tid[]",
+              "'{}'::uuid[]"],
     "mark_published": ["'r1'", "'{\"(0,1)\"}'::tid[]",
                        "'{00000000-0000-0000-0000-000000000000}'::uuid[]"],
     "mark_published_by_id": ["'r1'", "'{00000000-0000-0000-0000-000000000000}'::uuid[]"],
