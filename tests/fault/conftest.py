@@ -47,8 +47,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
 from fixtures import kafka, mock_kafka, no_leftover_processes, pg  # noqa: E402,F401  (by name)
 from harness import (MockBroker, TestSchema, check_order, duplicates,  # noqa: E402
-                     header, read_topics)
-from observe import register_markers  # noqa: E402
+                     header, read_topics, wait_until)
+from observe import register_markers, scrape  # noqa: E402
 
 
 def pytest_configure(config):
@@ -127,6 +127,14 @@ def relay_env(db, kafka, relay_id, **extra):
                     OUTBOX_TOPIC_TEMPLATE="%s.{aggregate_type}" % db.schema)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def wait_with_producer(port, n, what, timeout=30):
+    """Waits until the relay serving /metrics on `port` has at least n messages
+    with its producer (librdkafka's statistics, each second): rows past their
+    fetch, not between their lock and it."""
+    wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0) >= n,
+               timeout, interval=0.1, what=what)
 
 
 def sweeper_env(db, name, **extra):

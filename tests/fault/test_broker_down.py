@@ -11,9 +11,8 @@ holds the batch in flight in test_row_updated_in_flight_is_still_marked."""
 import time
 
 from conftest import (DELIVERY_TIMEOUT_MS, check_audit, check_kafka, cpu_seconds, db_lag_s,
-                      relay_env, wait_quiet)
+                      relay_env, wait_quiet, wait_with_producer)
 from harness import Relay, http_status, free_port, make_events, wait_until
-from observe import scrape
 
 BACKOFF_INITIAL_MS = 1000
 BACKOFF_MAX_MS = 4000
@@ -159,8 +158,7 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
             wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
                                         (ids,)) == len(ids), 30, what="the rows in flight")
             # with the producer (librdkafka's statistics, each second)
-            wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0)
-                       >= len(ids), 30, interval=0.1, what="the rows in the producer's queue")
+            wait_with_producer(port, len(ids), "the rows in the producer's queue")
             db.execute("SELECT set_config('outbox.actor', 'operator', false)")
             db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
                        % db.table, (ids,))
@@ -211,8 +209,7 @@ def test_rows_moved_before_their_fetch_are_read_by_id(db, kafka, tmp_path, repor
                                         (ids,)) == len(ids), 30, what="the rows locked")
             # librdkafka's statistics, each second: a row is with the producer,
             # whose queue (2 x OUTBOX_BATCH_BYTES + 1 MiB) takes no second one
-            wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0) >= 1,
-                       30, interval=0.1, what="a row in the producer's queue")
+            wait_with_producer(port, 1, "a row in the producer's queue")
             db.execute("SELECT set_config('outbox.actor', 'operator', false)")
             db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
                        % db.table, (ids,))

@@ -7,9 +7,8 @@ import re
 import signal
 import time
 
-from conftest import relay_env, sweeper_env
+from conftest import relay_env, sweeper_env, wait_with_producer
 from harness import Relay, free_port, make_events, wait_until
-from observe import scrape
 
 
 def test_hup_usr1_usr2_keep_relay_and_sweeper_running(db, kafka, tmp_path, report):
@@ -67,8 +66,7 @@ def test_second_sigterm_exits_at_once_and_counts_rows_left(db, own_kafka, tmp_pa
                    30, interval=0.02, what="r-twice holding the 50 rows")
         # all of them with the producer (librdkafka's statistics, each second):
         # a stop gives back the rows it has not produced yet
-        wait_until(lambda: (scrape(port).value("outbox_kafka_queue_messages") or 0) >= held,
-                   20, interval=0.1, what="the 50 rows in the producer's queue")
+        wait_with_producer(port, held, "the 50 rows in the producer's queue", timeout=20)
         relay.send_signal(signal.SIGTERM)
         # the first signal is taken (two sent at once would be one signal)
         relay.wait_log(r'msg="stop requested: finishing the work in hand" rows_publishing=%d'
