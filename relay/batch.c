@@ -216,35 +216,34 @@ void batch_free(struct batch *b) {
         free(b);
 }
 
-int batch_fetch_list(const struct batch *b, struct buf *out) {
-        buf_reset(out);
-        if (buf_append(out, "{", 1))
-                return -1;
-        int first = 1;
-        for (size_t i = 0; i < b->n; i++) {
-                if (b->rows[i].stage != ROW_LOCKED)
-                        continue;
-                if ((!first && buf_append(out, ",", 1)) ||
-                    buf_appendf(out, "\"%s\"", b->rows[i].tid))
-                        return -1;
-                first = 0;
-        }
-        return buf_append(out, "}", 1);
+/* Whether row i, still to fetch, is the first of its run still to fetch:
+ * every version before it was fetched, so once read it can go (or wait
+ * only for a version with the producer). */
+static int run_head(const struct batch *b, size_t i) {
+        for (int p = b->rows[i].prev; p >= 0; p = b->rows[p].prev)
+                if (b->rows[p].stage == ROW_LOCKED)
+                        return 0;
+        return 1;
 }
 
-int batch_fetch_ids(const struct batch *b, struct buf *out) {
-        buf_reset(out);
-        if (buf_append(out, "{", 1))
+int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *ids) {
+        buf_reset(tids);
+        if (ids)
+                buf_reset(ids);
+        if (buf_append(tids, "{", 1) || (ids && buf_append(ids, "{", 1)))
                 return -1;
         int first = 1;
         for (size_t i = 0; i < b->n; i++) {
-                if (b->rows[i].stage != ROW_LOCKED)
+                struct row *w = &b->rows[i];
+                w->asked = w->stage == ROW_LOCKED && (!heads || run_head(b, i));
+                if (!w->asked)
                         continue;
-                if ((!first && buf_append(out, ",", 1)) || buf_appendf(out, "%s", b->rows[i].id))
+                if ((!first && buf_append(tids, ",", 1)) || buf_appendf(tids, "\"%s\"", w->tid) ||
+                    (ids && ((!first && buf_append(ids, ",", 1)) || buf_appendf(ids, "%s", w->id))))
                         return -1;
                 first = 0;
         }
-        return buf_append(out, "}", 1);
+        return buf_append(tids, "}", 1) || (ids && buf_append(ids, "}", 1));
 }
 
 /* The row of b with ctid `tid` (6 bytes), or -1. */

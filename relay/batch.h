@@ -46,6 +46,7 @@ struct row {
         long long delay_ms; /* FAILED: the backoff */
         double settled_at;  /* monotonic, when its outcome became known */
         int mark_uncertain; /* a mark of it was lost with its connection */
+        int asked;          /* in the list of the batch's latest fetch */
         char *topic;        /* the message's topic (for metrics and logs), owned */
         double produced_at; /* monotonic */
         /* its run: the version it waits for and the one that waits for it */
@@ -83,16 +84,14 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
 /* Frees the batch and every result it keeps. NULL is a no-op. */
 void batch_free(struct batch *b);
 
-/* The ctids of the rows still to fetch, in the batch's order (by aggregate,
- * then version: a version before the one that waits for it, which is the
- * order fetch.sql fills its byte limit in), as a PostgreSQL array literal
- * into out (reset first). 0, or -1 out of memory. */
-int batch_fetch_list(const struct batch *b, struct buf *out) __attribute__((warn_unused_result));
-
-/* The outbox_ids of the rows still to fetch, in batch_fetch_list()'s order,
- * as a PostgreSQL array literal into out (reset first). 0, or -1 out of
- * memory. */
-int batch_fetch_ids(const struct batch *b, struct buf *out) __attribute__((warn_unused_result));
+/* The rows a fetch asks for, as PostgreSQL array literals: their ctids into
+ * tids and, unless ids is NULL, their outbox_ids into ids, in the same order
+ * (both reset first). They are the rows still to fetch, or with heads only
+ * the first of each run still to fetch (whatever part of them a fetch's byte
+ * limit lets come, each can go once read). Sets each row's `asked`. 0, or -1
+ * out of memory. */
+int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *ids)
+        __attribute__((warn_unused_result));
 
 /* Takes a fetch's answer (binary; relay/sql/fetch.sql) and fills the rows
  * it has: ROW_READY, or settled DEAD when a row cannot become a message

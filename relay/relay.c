@@ -661,7 +661,9 @@ static struct batch *to_fetch(const struct relay *r) {
         return NULL;
 }
 
-static int send_fetch(struct relay *r, struct batch *b, double now) {
+/* Sends the fetch of b's rows still to fetch; heads: only the first of each
+ * run (see batch_fetch_list()). */
+static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
         char err[512], bytes[24], max_row[24];
         long long budget = r->cfg->batch_bytes - r->bytes_held;
         if (budget > FETCH_BYTES_MAX)
@@ -672,14 +674,14 @@ static int send_fetch(struct relay *r, struct batch *b, double now) {
                 budget = 1;
         snprintf(bytes, sizeof bytes, "%lld", budget);
         snprintf(max_row, sizeof max_row, "%lld", kafka_max_message_bytes(r->kafka));
+        /* $1 the ctids; or, for rows a fetch by ctid did not find, $5 and $6
+         * their ctids and outbox_ids (the other array parameters empty) */
         int by_id = b == r->moved;
-        buf_reset(&r->list);
+        struct buf *empty = by_id ? &r->list : &r->list3;
+        buf_reset(empty);
         buf_reset(&r->list2);
-        buf_reset(&r->list3);
-        if (batch_fetch_list(b, by_id ? &r->list3 : &r->list) != 0 ||
-            (by_id && batch_fetch_ids(b, &r->list2) != 0) ||
-            buf_append(by_id ? &r->list : &r->list3, "{}", 2) ||
-            (!by_id && buf_append(&r->list2, "{}", 2)))
+        if (batch_fetch_list(b, heads, by_id ? &r->list3 : &r->list, by_id ? &r->list2 : NULL) ||
+            buf_append(empty, "{}", 2) || (!by_id && buf_append(&r->list2, "{}", 2)))
                 return -1;
         const char *params[6] = {r->list.data, r->cfg->relay_id, bytes,
                                  max_row,      r->list3.data,    r->list2.data};
@@ -700,8 +702,21 @@ static void lock_or_fetch(struct relay *r, double now) {
         if (!idle(r, C_LOCK))
                 return;
         struct batch *f = to_fetch(r);
-        if (f && r->bytes_held < r->cfg->batch_bytes && stmt_may_run(r, RELAY_SQL_FETCH, now)) {
-                send_fetch(r, f, now);
+        /* Held content the producer cannot take (each row waits for a
+         * version not read yet: a fetch's byte limit let later versions come
+         * first) with nothing with the producer: nothing will free it. The
+         * first unread version of each run is read then, over the limit
+         * (the first row of a read always comes), and can go. */
+        int stuck = f && r->bytes_held >= r->cfg->batch_bytes && !r->purged &&
+                    kafka_outstanding(r->kafka) == 0;
+        if (f && (r->bytes_held < r->cfg->batch_bytes || stuck) &&
+            stmt_may_run(r, RELAY_SQL_FETCH, now)) {
+                if (stuck)
+                        log_debug("relay",
+                                  "the rows held wait for versions not read yet: reading the "
+                                  "first unread version of each run",
+                                  "bytes_held=%lld", r->bytes_held);
+                send_fetch(r, f, stuck, now);
                 return;
         }
         if (!locking(r) || !stmt_may_run(r, r->lock_stmt, now))
@@ -822,19 +837,22 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         learn_row_bytes(r, bytes, filled);
         /* Below the byte limit the answer left no row out: a row asked for
          * and not in it is not where, or not whose, its lock said. */
-        if (answered < r->fetch_budget && b->unfetched > 0) {
+        size_t missing = 0;
+        for (size_t i = 0; i < b->n; i++)
+                missing += b->rows[i].stage == ROW_LOCKED && b->rows[i].asked;
+        if (answered < r->fetch_budget && missing > 0) {
                 if (!r->fetching_by_id) {
                         /* moved by an UPDATE since its lock, or taken back */
                         log_info("relay",
                                  "rows not found where their lock left them: reading "
                                  "them by outbox_id",
-                                 "rows=%zu", b->unfetched);
+                                 "rows=%zu", missing);
                         r->moved = b;
                 } else {
                         /* not this relay's any more (taken back by the
                          * sweeper): nothing to mark */
                         for (size_t i = 0; i < b->n; i++)
-                                if (b->rows[i].stage == ROW_LOCKED) {
+                                if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
                                         batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
                                         b->rows[i].stage = ROW_MARKED;
                                         b->open--;

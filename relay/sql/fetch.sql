@@ -2,11 +2,8 @@
 -- returned, read without locks (docs/DESIGN.md, "Memory").
 --   $1 tid[]   the rows
 --   $2 text    relay id: a row another relay or the sweeper took since is not read
---   $3 bigint  bytes: rows come while the text of those before them (in
---              the order of $1, or $5) stays below this (the first row always
---              comes). The relay lists each aggregate's versions in order, so
---              a row the limit leaves out never comes before the version it
---              waits for: the bytes held are never all rows that cannot go.
+--   $3 bigint  bytes: rows come while the text of those before them stays
+--              below this (the first row always comes)
 --   $4 bigint  largest row: a row whose text is larger comes without its
 --              payload and headers (it cannot become a Kafka message); one
 --              whose JSON weighs more than four times this uncompressed is
@@ -25,8 +22,7 @@
 -- are asked for again.
 --
 -- Plan: a TID scan (and a primary key probe per moved row); each row's text
--- is made once (materialized), matched to its place in the list by a hash
--- join and summed in that order.
+-- is made once (materialized) and summed in the order the scans give.
 WITH texts AS MATERIALIZED (
   SELECT o.tid, o.event_type, o.event_version, o.topic_name, o.partition_key,
          o.event_key, o.correlation_id, o.causation_id, o.trace_id, o.occurred_at,
@@ -74,10 +70,9 @@ sized AS (
                              + coalesce(octet_length(t.headers), 0) END AS size
   FROM texts t),
 counted AS (
-  SELECT s.*, coalesce(sum(s.size) OVER (ORDER BY l.n ROWS BETWEEN UNBOUNDED PRECEDING
-                                                          AND 1 PRECEDING), 0) AS before
-  FROM sized s
-  JOIN unnest($1::tid[] || $5::tid[]) WITH ORDINALITY AS l (tid, n) ON l.tid = s.tid)
+  SELECT s.*, coalesce(sum(s.size) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+              AS before
+  FROM sized s)
 SELECT c.tid, c.size, c.event_type, c.event_version, c.topic_name, c.partition_key,
        c.event_key,
        CASE WHEN c.size <= $4 THEN c.payload END AS payload,
