@@ -134,6 +134,38 @@ def test_broker_down_then_up(db, own_kafka, tmp_path, report):
            len(table), recovered_s, len(kc.msgs), kc.extra_copies, kc.max_lag_s, db_lag_s(db))
 
 
+def touched_while_stopped(db, kafka, relay, port, rows, produced):
+    """Inserts rows while Apache Kafka is stopped (SIGSTOP); once the relay
+    has locked them all and `produced` of them are with its producer
+    (librdkafka's statistics, each second), an operator updates them all (any
+    UPDATE moves a row to a new ctid); then Kafka goes on. Waits for every row
+    to be final and stops the relay: (status counts, the relay's log)."""
+    with kafka.paused():
+        ids = db.insert_events(rows)
+        wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
+                                    (ids,)) == len(ids), 30, what="the rows locked")
+        wait_with_producer(port, produced, "%d rows in the producer's queue" % produced)
+        db.execute("SELECT set_config('outbox.actor', 'operator', false)")
+        db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
+                   % db.table, (ids,))
+    counts = wait_quiet(db, 60, "the touched rows PUBLISHED")
+    assert relay.stop() == 0
+    return counts, relay.log_text()
+
+
+def published_once(db, kafka, topic):
+    """Every row PUBLISHED on its first attempt, a clean lock audit, and each
+    event once on Kafka, in version order (G1, G2)."""
+    table = db.rows()
+    assert all(r["attempt_count"] == 1 for r in table), \
+        [(r["outbox_id"], r["attempt_count"]) for r in table if r["attempt_count"] != 1]
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
+    assert not problems, problems
+    assert len(kc.ids) == len(table)
+
+
 def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
     """The mark finds a batch's rows by the ctid the lock returned. A row
     that something else updated in the meantime (any UPDATE moves it to a new
@@ -153,28 +185,10 @@ def test_row_updated_in_flight_is_still_marked(db, kafka, tmp_path, report):
         wait_until(lambda: db.status_counts()["PUBLISHED"] == len(warm), 60,
                    what="warm-up rows PUBLISHED")
         rows = make_events(aggregates=20, versions=1, id_prefix="m")
-        with kafka.paused():
-            ids = db.insert_events(rows)
-            wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
-                                        (ids,)) == len(ids), 30, what="the rows in flight")
-            # with the producer (librdkafka's statistics, each second)
-            wait_with_producer(port, len(ids), "the rows in the producer's queue")
-            db.execute("SELECT set_config('outbox.actor', 'operator', false)")
-            db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
-                       % db.table, (ids,))
-        counts = wait_quiet(db, 60, "the touched rows PUBLISHED")
-        assert relay.stop() == 0
-        log = relay.log_text()
+        counts, log = touched_while_stopped(db, kafka, relay, port, rows, produced=len(rows))
     assert counts["PUBLISHED"] == len(warm) + len(rows), counts
     assert "locks lost" not in log, log[-2000:]
-    table = db.rows()
-    assert all(r["attempt_count"] == 1 for r in table), \
-        [(r["outbox_id"], r["attempt_count"]) for r in table if r["attempt_count"] != 1]
-    audit = check_audit(db)
-    assert not audit.violations, audit.violations[:10]
-    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
-    assert not problems, problems
-    assert len(kc.ids) == len(table)
+    published_once(db, kafka, topic)
     report("%d rows updated by an operator while in flight (Apache Kafka stopped): all "
            "PUBLISHED on their first attempt, no lock lost, every event once on Kafka",
            len(rows))
@@ -203,30 +217,13 @@ def test_rows_moved_before_their_fetch_are_read_by_id(db, kafka, tmp_path, repor
                  "aggregate_version": v, "event_type": "E",
                  "payload_json": {"v": v, "pad": "x" * 600_000}}
                 for v in (1, 2, 3) for a in range(4)]
-        with kafka.paused():
-            ids = db.insert_events(rows)
-            wait_until(lambda: db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])",
-                                        (ids,)) == len(ids), 30, what="the rows locked")
-            # librdkafka's statistics, each second: a row is with the producer,
-            # whose queue (2 x OUTBOX_BATCH_BYTES + 1 MiB) takes no second one
-            wait_with_producer(port, 1, "a row in the producer's queue")
-            db.execute("SELECT set_config('outbox.actor', 'operator', false)")
-            db.execute("UPDATE %s SET trace_id = 'touched' WHERE outbox_id = ANY(%%s::uuid[])"
-                       % db.table, (ids,))
-        counts = wait_quiet(db, 60, "the moved rows PUBLISHED")
-        assert relay.stop() == 0
-        log = relay.log_text()
+        # a row with the producer, whose queue (2 x OUTBOX_BATCH_BYTES + 1 MiB)
+        # takes no second one: the others locked and not read
+        counts, log = touched_while_stopped(db, kafka, relay, port, rows, produced=1)
     assert counts["PUBLISHED"] == len(warm) + len(rows), counts
     # the case under test happened: rows locked and not yet read were moved
     assert "reading them by outbox_id" in log, log[-2000:]
-    table = db.rows()
-    assert all(r["attempt_count"] == 1 for r in table), \
-        [(r["outbox_id"], r["attempt_count"]) for r in table if r["attempt_count"] != 1]
-    audit = check_audit(db)
-    assert not audit.violations, audit.violations[:10]
-    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
-    assert not problems, problems  # G1, G2
-    assert len(kc.ids) == len(table)
+    published_once(db, kafka, topic)
     report("%d rows of 600 kB locked and not yet read when an operator updated them (Apache "
            "Kafka stopped, OUTBOX_BATCH_BYTES=64 KiB): read by outbox_id, all PUBLISHED on "
            "their first attempt, every event once on Kafka, in order", len(rows))
