@@ -152,10 +152,10 @@ struct relay {
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
         long long fetch_budget; /* the byte limit the fetch in flight was sent */
-        int fetching_by_id;     /* the fetch in flight looks its rows up by outbox_id */
         /* The batch whose rows a fetch by ctid did not find: an UPDATE moved
-         * them since their lock (or the sweeper took them). Its rows are
-         * looked up by outbox_id until every one is read or known gone. */
+         * them since their lock (or the sweeper took them). Its rows still
+         * to fetch are looked up by outbox_id from then on (free_done()
+         * forgets it with the batch). */
         struct batch *moved;
         struct buf list, list2; /* parameter text */
         struct buf list3;       /* the aggregates left out whole */
@@ -692,7 +692,6 @@ static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
         }
         r->fetching = b;
         r->fetch_budget = budget;
-        r->fetching_by_id = by_id;
         return 0;
 }
 
@@ -841,8 +840,9 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         for (size_t i = 0; i < b->n; i++)
                 missing += b->rows[i].stage == ROW_LOCKED && b->rows[i].asked;
         if (answered < r->fetch_budget && missing > 0) {
-                if (!r->fetching_by_id) {
-                        /* moved by an UPDATE since its lock, or taken back */
+                if (r->moved != b) {
+                        /* a fetch by ctid (send_fetch()): moved by an UPDATE
+                         * since their lock, or taken back */
                         log_info("relay",
                                  "rows not found where their lock left them: reading "
                                  "them by outbox_id",
@@ -861,8 +861,6 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                                 }
                 }
         }
-        if (r->moved == b && b->unfetched == 0)
-                r->moved = NULL;
         if (r->fetch_one && filled > 0 && !to_fetch(r))
                 r->fetch_one = 0;
 }
