@@ -309,6 +309,7 @@ static int fill(struct row *w, const struct db_result *r, int k, long long max_r
 }
 
 static void free_part(struct batch *b, struct fetch_part *p);
+static void forget_content(struct row *w);
 
 long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes,
                       long long *answered) {
@@ -337,6 +338,7 @@ long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, l
                 filled++;
                 b->dirty = 1;
                 if (fill(w, r, k, max_row, &code, why, sizeof why) != 0) {
+                        forget_content(w); /* the answer may go before the row's mark */
                         batch_settle(b, (size_t)i, DECIDE_DEAD, code, why);
                         continue;
                 }
@@ -361,6 +363,14 @@ static void free_part(struct batch *b, struct fetch_part *p) {
         free(p);
 }
 
+/* Row w's content pointers, which borrow from a fetch's answer, reset. */
+static void forget_content(struct row *w) {
+        w->ev.event_type = w->ev.topic_name = w->ev.partition_key = w->ev.event_key = NULL;
+        w->ev.payload = w->ev.headers = NULL;
+        w->ev.correlation_id = w->ev.causation_id = w->ev.trace_id = NULL;
+        w->ev.payload_len = 0;
+}
+
 /* Frees fetch part p once no row needs it. */
 static void drop_part(struct batch *b, struct fetch_part *p) {
         if (p && --p->refs == 0)
@@ -374,10 +384,7 @@ void batch_release_content(struct batch *b, size_t i) {
                 return;
         w->part = NULL;
         /* the content's strings go with the fetch: nothing reads them after */
-        w->ev.event_type = w->ev.topic_name = w->ev.partition_key = w->ev.event_key = NULL;
-        w->ev.payload = w->ev.headers = NULL;
-        w->ev.correlation_id = w->ev.causation_id = w->ev.trace_id = NULL;
-        w->ev.payload_len = 0;
+        forget_content(w);
         drop_part(b, p);
 }
 
