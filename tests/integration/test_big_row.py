@@ -8,6 +8,8 @@ out (read back from Apache Kafka).
 Measured on the Release build when tests/run built one (<repo>/build): the
 sanitized build's shadow memory and freed-memory quarantine would measure the
 sanitizer, not the relay."""
+import decimal
+import json
 import time
 
 import pytest
@@ -69,3 +71,51 @@ def test_a_126_mb_row_goes_dead_and_the_relay_stays_small(db, kafka, tmp_path, b
            dead["last_error_message"], ordinary_s, which, peak / 1024, PEAK_LIMIT_KIB // 1024)
     assert peak < PEAK_LIMIT_KIB, "relay peak RSS %.1f MiB" % (peak / 1024)
     assert ordinary_s < ORDINARY_WITHIN_S, "the ordinary rows took %.1f s" % ordinary_s
+
+
+def test_rows_whose_text_outweighs_their_storage_come_whole(db, kafka, tmp_path, report):
+    """The relay budgets a row by its stored size until its text is measured
+    (DESIGN, "Memory"): a row whose JSON is small as stored but whose text is
+    large (a number with 16000 decimal places stores in a few bytes and
+    writes 16 kB), a compressed one and a small one all reach Kafka with
+    their payload and headers as the table holds them, read back and
+    compared."""
+    topic = "%s.Mixed" % db.schema
+    kafka.create_topic(topic, 2)
+    tiny = "1e-16000"
+    rows = {
+        # stored in about 50 bytes, 80 kB as text
+        "wide": "jsonb_build_object('n', jsonb_build_array(%s))" % ",".join(
+            ["'%s'::numeric" % tiny] * 5),
+        # 300 kB of one character: stored compressed
+        "packed": "jsonb_build_object('pad', repeat('p', 300000))",
+        "small": "jsonb_build_object('s', 'x')",
+    }
+    for agg, payload in rows.items():
+        db.execute("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+                   " payload_json, headers_json) VALUES ('Mixed', '%s', 1, 'E', %s,"
+                   " jsonb_build_object('h-%s', 'v', 'n', 1))" % (db.table, agg, payload, agg))
+    stored = {r["aggregate_id"]: r for r in db.execute(
+        "SELECT aggregate_id, outbox_id::text AS id, payload_json::text AS payload,"
+        " pg_column_size(payload_json) AS stored, pg_column_compression(payload_json) AS comp"
+        " FROM %s" % db.table)}
+    assert stored["wide"]["stored"] < 200 and len(stored["wide"]["payload"]) > 65536
+    assert stored["packed"]["comp"] is not None
+    env = relay_env(db, kafka)
+    with Relay(release_binary("outbox-relay")[0], name="relay", env=env,
+               log_dir=tmp_path) as relay:
+        wait_until(lambda: db.count("status = 'PUBLISHED'") == len(rows), 30,
+                   what="the three rows PUBLISHED")
+        assert relay.stop() == 0
+    msgs = read_topics(kafka.bootstrap, topics=[topic])
+    by_id = {header(m, "event-id"): m for m in msgs}
+    assert set(by_id) == {r["id"] for r in stored.values()}
+    for agg, r in stored.items():
+        m = by_id[r["id"]]
+        # numbers as written: 1e-16000 as a float is 0.0
+        value = json.loads(m["value"], parse_float=decimal.Decimal)
+        assert value["payload"] == json.loads(r["payload"], parse_float=decimal.Decimal), agg
+        assert header(m, "h-" + agg) == "v" and header(m, "n") == "1", agg
+    report("payload stored in %d bytes and %d as text, one compressed (%s), one small: all "
+           "three on Kafka as stored", stored["wide"]["stored"], len(stored["wide"]["payload"]),
+           stored["packed"]["comp"])
