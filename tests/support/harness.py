@@ -430,6 +430,9 @@ class KafkaCluster:
     kill(n) (SIGKILL), stop_node(n) (SIGTERM), pause(n)/resume(n)
     (SIGSTOP/SIGCONT), paused(n) (a context manager), start_node(n),
     leaders(topic). Context manager: stop() deletes everything it started.
+    timeout: the most seconds the start may take (a cluster's four JVMs start
+    beside the rest of the suite: over 180 s once on a loaded 2-core machine);
+    the script itself gives up sooner when the cluster does not come up.
 
     KafkaCluster.shared() returns the single-node broker tests/run started
     ($OUTBOX_TEST_KAFKA_DIR), else starts one; stop() leaves a shared one running.
@@ -437,7 +440,7 @@ class KafkaCluster:
 
     SCRIPT = os.path.join(repo_root(), "deploy", "local", "kafka")
 
-    def __init__(self, nodes=1, sasl=False, dir=None, timeout=180, controller=False,
+    def __init__(self, nodes=1, sasl=False, dir=None, timeout=300, controller=False,
                  settings=None, version=None):
         self.nodes = nodes
         self.owned = dir is None
