@@ -84,7 +84,7 @@ def test_rows_whose_text_outweighs_their_storage_come_whole(db, kafka, tmp_path,
     kafka.create_topic(topic, 2)
     tiny = "1e-16000"
     rows = {
-        # stored in about 50 bytes, 80 kB as text
+        # stored in under 200 bytes (99 here), 80 kB as text
         "wide": "jsonb_build_object('n', jsonb_build_array(%s))" % ",".join(
             ["'%s'::numeric" % tiny] * 5),
         # 300 kB of one character: stored compressed

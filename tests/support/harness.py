@@ -432,7 +432,8 @@ class KafkaCluster:
     leaders(topic). Context manager: stop() deletes everything it started.
     timeout: the most seconds the start may take (a cluster's four JVMs start
     beside the rest of the suite: over 180 s once on a loaded 2-core machine);
-    the script itself gives up sooner when the cluster does not come up.
+    once its nodes started, the script gives up on its own after 90 s without
+    metadata (KAFKA_READY_TIMEOUT_S).
 
     KafkaCluster.shared() returns the single-node broker tests/run started
     ($OUTBOX_TEST_KAFKA_DIR), else starts one; stop() leaves a shared one running.
