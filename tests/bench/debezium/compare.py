@@ -101,6 +101,14 @@ def log(msg):
     print("bench D: %s" % msg, file=sys.stderr, flush=True)
 
 
+def role_of(application_name):
+    """A backend's part in its system: the relay's connection (lock, mark,
+    side: its application_name is outbox-relay:<connection>:<relay id>), or the
+    application_name itself (Debezium's backends)."""
+    parts = (application_name or "").split(":")
+    return parts[1] if len(parts) >= 3 and parts[0] == "outbox-relay" else parts[0] or "-"
+
+
 def pct(values, q):
     """Nearest-rank percentile of a sorted list."""
     if not values:
@@ -207,10 +215,12 @@ class PgMeter:
         return total
 
     def _sample(self, first=False):
-        for pid in self.pids(self.own_where):
+        for pid, app in self.query("SELECT pid, application_name FROM pg_stat_activity"
+                                   " WHERE " + self.own_where):
             c = cpu_s(pid)
             seen = self.own.setdefault(pid, [c if first else 0.0, c])
             seen[1] = max(seen[1], c)
+            self.role[pid] = role_of(app)
 
     def _run(self):
         while not self._ev.wait(0.25):
@@ -220,6 +230,7 @@ class PgMeter:
         self.own_where = own_where
         self.exclude = set(exclude) | {self.pid}
         self.own = {}
+        self.role = {}
         self.t0_excl = {p: cpu_s(p) for p in self.exclude}
         self.t0_total = self._server_total()
         self._sample(first=True)
@@ -233,8 +244,11 @@ class PgMeter:
         self._sample()
         total = self._server_total() - self.t0_total
         total -= sum(cpu_s(p) - t0 for p, t0 in self.t0_excl.items())
+        by_role = {}
+        for pid, (a, b) in self.own.items():
+            by_role[self.role[pid]] = by_role.get(self.role[pid], 0.0) + b - a
         return {"pg_own": sum(b - a for a, b in self.own.values()), "pg_all": total,
-                "pg_own_backends": len(self.own)}
+                "pg_own_backends": len(self.own), "pg_own_by_connection": by_role}
 
     def table_stats(self, table):
         """Counters of one table and of the server, for deltas over a run:
@@ -624,6 +638,8 @@ class Group:
                               "pg_all_but_writer": pg["pg_all"] / n * 1e6,
                               "broker": broker / n * 1e6},
             pg_own_backends=pg["pg_own_backends"],
+            pg_own_us_per_event_by_connection={k: round(v / n * 1e6, 1) for k, v in
+                                               sorted(pg["pg_own_by_connection"].items())},
             threads_us_per_event={k: round(v / n * 1e6, 2) for k, v in
                                   sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0},
             wal_bytes_per_event=wal_bytes / n, rss_mib=rss_mib,
@@ -815,6 +831,13 @@ def table(res):
                            % (what, _fmt(_med(runs, key, **rel)),
                               _fmt(_med(runs, key, **dsel)),
                               _fmt(_round_ratio(runs, key, rel, dsel), "%.2f")))
+            conns = sorted({c for r in _select(runs, **rel)
+                            for c in r.get("pg_own_us_per_event_by_connection", {})})
+            if conns:
+                out.append("| D3 | ... of which the relay's %s connection%s | %s | | |"
+                           % (" / ".join(conns), "s" if len(conns) > 1 else "",
+                              " / ".join(_fmt(_med(runs, "pg_own_us_per_event_by_connection."
+                                                   + c, **rel)) for c in conns)))
     for rate in sorted({r["offered_per_s"] for r in runs if r["row"] == "latency"}):
         rel = {"row": "latency", "system": "relay", "offered_per_s": rate}
         dsel = {"row": "latency", "system": "debezium", "offered_per_s": rate}
