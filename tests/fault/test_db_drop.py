@@ -12,17 +12,10 @@ import pytest
 
 from conftest import (check_audit, check_kafka, db_lag_s, reconnect, relay_env, sweeper_env,
                       wait_quiet)
-from harness import Postgres, Relay, make_events, wait_until
+from fixtures import own_pg  # noqa: F401  (the module's own server, as `pg`)
+from harness import Relay, make_events, wait_until
 
 TERMINATIONS = 4
-
-
-@pytest.fixture(scope="module")
-def pg():
-    """A server of the module's own: the tests restart it, stop it and end its
-    sessions, which no module running beside them may see."""
-    with Postgres(own=True) as server:
-        yield server
 
 
 def relay_backends(db):

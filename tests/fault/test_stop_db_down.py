@@ -15,7 +15,8 @@ import time
 import pytest
 
 from conftest import parse_ts, reconnect, relay_env
-from harness import Postgres, Relay, make_events, wait_until
+from fixtures import own_pg  # noqa: F401  (the module's own server, as `pg`)
+from harness import Relay, make_events, wait_until
 
 RETRY_LINE = r'msg="database connection down, retrying" connection=(\w+) retry_ms=(\d+)'
 REFUSED_LINE = (r'msg="database connection down, retrying" connection=(\w+) retry_ms=\d+'
@@ -29,14 +30,6 @@ DOWN_S = 6.0
 # connection tries about 30 times, and the ways it fails while the server
 # stops, is down and starts are few.
 MAX_LINES_PER_CONNECTION = 6
-
-
-@pytest.fixture(scope="module")
-def pg():
-    """A server of the module's own: the tests restart it, stop it and end its
-    sessions, which no module running beside them may see."""
-    with Postgres(own=True) as server:
-        yield server
 
 
 def lines_after_stop(log):

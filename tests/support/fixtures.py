@@ -15,6 +15,15 @@ def pg():
     p.close()
 
 
+@pytest.fixture(scope="module", name="pg")
+def own_pg():
+    """A server of the module's own, in place of the session's `pg` for a
+    module that imports this: its tests restart it, stop it and end its
+    sessions, which no module running beside them may see."""
+    with Postgres(own=True) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def kafka():
     """Apache Kafka, one node: topics are created on first use (4 partitions)
