@@ -35,6 +35,7 @@ enum lock_col {
 /* The fetch's columns (relay/sql/fetch.sql). */
 enum fetch_col {
         F_CTID,
+        F_ID,
         F_SIZE,
         F_EVENT_TYPE,
         F_EVENT_VERSION,
@@ -326,8 +327,14 @@ long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, l
         p->next = b->parts;
         b->parts = p;
         for (int k = 0; k < db_result_rows(r); k++) {
-                *answered += cell_int(r, k, F_SIZE);
                 long i = find_tid(b, db_result_value(r, k, F_CTID), db_result_length(r, k, F_CTID));
+                /* Another row stands at the ctid: the row asked for moved.
+                 * It counts as not found, so it is looked up by outbox_id
+                 * (the answer's byte count leaves the stranger out). */
+                if (i >= 0 && (db_result_length(r, k, F_ID) != 16 ||
+                               memcmp(db_result_value(r, k, F_ID), b->rows[i].id_bin, 16) != 0))
+                        continue;
+                *answered += cell_int(r, k, F_SIZE);
                 if (i < 0 || b->rows[i].stage != ROW_LOCKED)
                         continue;
                 struct row *w = &b->rows[i];

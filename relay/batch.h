@@ -98,8 +98,9 @@ int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *i
  * (larger than max_row bytes: MSG_SIZE_TOO_LARGE; occurred_at outside RFC
  * 3339's years: INVALID_VALUE). *bytes gets the bytes of the rows it holds,
  * *answered the size of every row the answer has (what fetch.sql's byte
- * limit counted: below that limit, no row was left out for it). Rows it
- * lacks stay ROW_LOCKED (fetched again later). Returns how many rows it
+ * limit counted: below that limit, no row was left out for it) but rows
+ * found under the ctid of another of b's rows (that row moved). Rows it
+ * lacks stay ROW_LOCKED (fetched again later, or looked up by outbox_id). Returns how many rows it
  * filled; -1 out of memory (the answer is freed). */
 long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes,
                       long long *answered);

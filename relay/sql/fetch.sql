@@ -12,7 +12,11 @@
 --   $6 uuid[]  not find them): their lock's ctid and, in the same order, their
 --              outbox_id, by which they are found; each row comes with the
 --              ctid of $5. Empty arrays but then (and $1 empty then).
--- Returns, in the binary format: ctid, size (the bytes of the row's text,
+-- Returns, in the binary format: ctid, outbox_id (a row is taken where its
+-- own id is only: VACUUM FULL, CLUSTER or an UPDATE move rows, and another
+-- row this relay holds may come to stand at a ctid one of its rows had; a
+-- row found under another's ctid counts as not found), size (the bytes of
+-- the row's text,
 -- which the two limits count), event_type, event_version, topic_name,
 -- partition_key, event_key, payload (JSON text, NULL for a tombstone or a
 -- row over $4), headers (headers_json's members as netstrings
@@ -24,7 +28,7 @@
 -- Plan: a TID scan (and a primary key probe per moved row); each row's text
 -- is made once (materialized) and summed in the order the scans give.
 WITH texts AS MATERIALIZED (
-  SELECT o.tid, o.event_type, o.event_version, o.topic_name, o.partition_key,
+  SELECT o.tid, o.outbox_id, o.event_type, o.event_version, o.topic_name, o.partition_key,
          o.event_key, o.correlation_id, o.causation_id, o.trace_id, o.occurred_at,
          w.bytes > 4 * $4 AS huge,
          w.bytes AS stored,
@@ -73,7 +77,7 @@ counted AS (
   SELECT s.*, coalesce(sum(s.size) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
               AS before
   FROM sized s)
-SELECT c.tid, c.size, c.event_type, c.event_version, c.topic_name, c.partition_key,
+SELECT c.tid, c.outbox_id, c.size, c.event_type, c.event_version, c.topic_name, c.partition_key,
        c.event_key,
        CASE WHEN c.size <= $4 THEN c.payload END AS payload,
        CASE WHEN c.size <= $4 THEN c.headers END AS headers,

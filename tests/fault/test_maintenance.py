@@ -16,10 +16,16 @@ blocker, and a relay that cannot work says so (docs/DESIGN.md,
     reason while it lasts, the log names its pid and application_name, and
     publishing resumes within seconds of its end.
   - VACUUM and VACUUM ANALYZE in a loop: publishing never pauses.
+  - VACUUM FULL and CLUSTER in a loop while runs of versions are in flight:
+    both rewrite the table, so every row the relay holds moves to another
+    ctid between its lock and its fetch or mark, and another held row may
+    take the ctid it had. Each event on Kafka carries its own row's content
+    (payload, event type), every row ends PUBLISHED.
 G1 and G2 on Apache Kafka in each.
 
 Relays run with OUTBOX_DB_LOCK_TIMEOUT_MS = DB_LOCK_TIMEOUT_MS and
 OUTBOX_STATEMENT_TIMEOUT_MS = STATEMENT_TIMEOUT_MS."""
+import json
 import re
 import threading
 import time
@@ -27,7 +33,7 @@ import time
 import psycopg2
 
 from conftest import check_audit, check_kafka, relay_env
-from harness import Relay, free_port, make_events, wait_until
+from harness import Relay, free_port, header, make_events, wait_until
 from observe import NEW_CORE, log_records, readyz
 
 DB_LOCK_TIMEOUT_MS = 2000
@@ -343,3 +349,54 @@ def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, r
     finish(db, kafka, [relay], "%d VACUUM / VACUUM ANALYZE runs in 10 s beside the relay: %d"
            " rows written meanwhile waited at most %.2f s; /readyz 200 throughout"
            % (runs, n, latency), report)
+
+
+def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report):
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    # Runs of 40 versions: the relay locks a run whole and sends its versions
+    # one after the other, reading each version's content when it is next,
+    # so rows stay locked and unread across many rewrites of the table.
+    rows = make_events(aggregates=100, versions=40)
+    for r in rows:
+        r["event_type"] = "E%d" % r["aggregate_version"]
+    db.insert_events(rows)
+    pkey = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
+                      " AND contype = 'p'", (db.table,))[0]["conname"]
+    port = free_port()
+    maint = dba(db)
+    runs = 0
+    try:
+        with Relay("outbox-relay", name="r-full", log_dir=tmp_path,
+                   env=env_for(db, kafka, "r-full", port)) as relay:
+            wait_until(lambda: db.count("status = 'PUBLISHING'") > 0, 30,
+                       what="rows in flight")
+            deadline = time.monotonic() + 120
+            while db.count("status <> 'PUBLISHED'") > 0:
+                assert time.monotonic() < deadline, db.status_counts()
+                with maint.cursor() as cur:
+                    cur.execute("CLUSTER %s USING %s" % (db.table, pkey) if runs % 2
+                                else "VACUUM FULL %s" % db.table)
+                runs += 1
+            moved = len([r for r in log_records(relay.log_text())
+                         if "not found where their lock left them" in r["_line"]])
+            assert relay.stop() == 0
+    finally:
+        maint.close()
+    assert runs >= 5, "only %d rewrites while the rows were published" % runs
+    assert moved > 0, "%d rewrites moved no row the relay held" % runs
+    table = {r["outbox_id"]: r for r in db.rows()}
+    kc, _ = check_kafka(kafka, ["%s.Order" % db.schema], list(table.values()), dup_allowed=())
+    wrong = []
+    for m in kc.msgs:
+        row = table.get(header(m, "event-id"))
+        if row is None:
+            continue  # check_kafka's strangers, reported by finish()
+        value = json.loads(m["value"])
+        if value.get("payload") != row["payload_json"] or value.get("event_id") != row["outbox_id"] \
+                or header(m, "event-type") != row["event_type"]:
+            wrong.append((header(m, "event-id"), header(m, "aggregate-id"),
+                          header(m, "aggregate-version"), header(m, "event-type"), m["value"]))
+    assert not wrong, "%d events carry another row's content, e.g. %s" % (len(wrong), wrong[:3])
+    finish(db, kafka, [relay], "%d VACUUM FULL / CLUSTER runs while 4000 rows in runs of 40"
+           " versions were published: every event carries its own row's content; rows looked"
+           " up by outbox_id after a move: %d times" % (runs, moved), report)
