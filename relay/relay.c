@@ -965,12 +965,18 @@ static void mark(struct relay *r, double now) {
                         return;
         const char *params[8];
         int n;
+        /* PUBLISHED by ctid and outbox_id (the rows an UPDATE moved are
+         * looked for by outbox_id next); the rare other outcomes by
+         * outbox_id alone */
         params[0] = r->cfg->relay_id;
         if (stmt == RELAY_SQL_MARK_UNPUBLISHED) {
                 params[1] = oldest->mark == DECIDE_FAILED ? "FAILED" : "DEAD";
-                for (int k = 0; k < 6; k++)
-                        params[2 + k] = r->mp[k].data;
-                n = 8;
+                for (int k = 1; k < 6; k++)
+                        params[1 + k] = r->mp[k].data;
+                n = 7;
+        } else if (stmt == RELAY_SQL_MARK_RELEASED) {
+                params[1] = r->mp[1].data;
+                n = 2;
         } else {
                 params[1] = r->mp[0].data;
                 params[2] = r->mp[1].data;
