@@ -174,23 +174,32 @@ static int flush(struct db *db) {
         return 0;
 }
 
-/* The test hooks' markers in the statements, and the pause each stands for
- * in builds with test hooks (nothing in other builds): a predicate that
- * sleeps, true. */
-static int marker_ms(const struct db *db, const char *p, size_t *len) {
-        static const struct {
-                const char *text;
-                size_t off;
-        } markers[] = {
-                {"/* test: lock pause */", offsetof(struct db_session, test_lock_delay_ms)},
-                {"/* test: mark pause */", offsetof(struct db_session, test_mark_delay_ms)},
-                {"/* test: sample pause */", offsetof(struct db_session, test_sample_delay_ms)},
-        };
+/* The test hooks' markers in the statements, and what each stands for in
+ * builds with test hooks when its setting is not 0 (nothing in other
+ * builds): a predicate, true, that sleeps the setting's milliseconds or, on
+ * a row `o` of the setting's version, fails. */
+static const struct {
+        const char *text;
+        size_t off;
+        const char *before, *after; /* the predicate: before, the setting, after */
+} markers[] = {
+        {"/* test: lock pause */", offsetof(struct db_session, test_lock_delay_ms),
+         " AND (SELECT true FROM pg_sleep(", " / 1000.0))"},
+        {"/* test: mark pause */", offsetof(struct db_session, test_mark_delay_ms),
+         " AND (SELECT true FROM pg_sleep(", " / 1000.0))"},
+        {"/* test: sample pause */", offsetof(struct db_session, test_sample_delay_ms),
+         " AND (SELECT true FROM pg_sleep(", " / 1000.0))"},
+        {"/* test: fetch fault */", offsetof(struct db_session, test_fetch_fault_version),
+         " AND 1 / (o.aggregate_version - ", ") IS NOT NULL"},
+};
+
+/* The marker p starts with (its length into *len), or -1. */
+static int marker_at(const char *p, size_t *len) {
         for (size_t i = 0; i < sizeof markers / sizeof markers[0]; i++) {
                 size_t n = strlen(markers[i].text);
                 if (!strncmp(p, markers[i].text, n)) {
                         *len = n;
-                        return *(const int *)((const char *)&db->session + markers[i].off);
+                        return (int)i;
                 }
         }
         return -1;
@@ -203,7 +212,7 @@ static int expand_sql(const struct db *db, const char *sql, struct buf *out) {
         buf_reset(out);
         for (const char *p = sql; *p;) {
                 size_t len;
-                int ms;
+                int m;
                 if (!strncmp(p, ":'table'", 8)) {
                         if (buf_append(out, "'", 1) ||
                             buf_append(out, db->qtable, strlen(db->qtable)) ||
@@ -215,10 +224,11 @@ static int expand_sql(const struct db *db, const char *sql, struct buf *out) {
                         if (buf_append(out, db->qtable, strlen(db->qtable)))
                                 return -1;
                         p += 6;
-                } else if ((ms = marker_ms(db, p, &len)) >= 0) {
+                } else if ((m = marker_at(p, &len)) >= 0) {
 #ifdef OUTBOX_TEST_HOOKS
-                        if (ms > 0 &&
-                            buf_appendf(out, " AND (SELECT true FROM pg_sleep(%d / 1000.0))", ms))
+                        int v = *(const int *)((const char *)&db->session + markers[m].off);
+                        if (v != 0 &&
+                            buf_appendf(out, "%s%d%s", markers[m].before, v, markers[m].after))
                                 return -1;
 #endif
                         p += len;

@@ -24,10 +24,11 @@ struct db_session {
         int listen;               /* LISTEN on the table's NOTIFY channel */
         const struct db_sql *sql; /* the statements (borrowed), indexed by the caller */
         size_t nsql;
-        unsigned long long prepare; /* bit i: statement i is prepared at connect (0: all) */
-        int test_lock_delay_ms;     /* test builds: a pause in lock statements */
-        int test_mark_delay_ms;     /* test builds: a pause in mark statements */
-        int test_sample_delay_ms;   /* test builds: a pause in the table sample */
+        unsigned long long prepare;   /* bit i: statement i is prepared at connect (0: all) */
+        int test_lock_delay_ms;       /* test builds: a pause in lock statements */
+        int test_mark_delay_ms;       /* test builds: a pause in mark statements */
+        int test_sample_delay_ms;     /* test builds: a pause in the table sample */
+        int test_fetch_fault_version; /* test builds: fetches fail on rows of this version */
 };
 
 /* Copies the session's settings into db (the statements are borrowed and

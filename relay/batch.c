@@ -227,7 +227,7 @@ static int run_head(const struct batch *b, size_t i) {
         return 1;
 }
 
-int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *ids) {
+int batch_fetch_list(struct batch *b, enum fetch_ask ask, struct buf *tids, struct buf *ids) {
         buf_reset(tids);
         if (ids)
                 buf_reset(ids);
@@ -236,7 +236,8 @@ int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *i
         int first = 1;
         for (size_t i = 0; i < b->n; i++) {
                 struct row *w = &b->rows[i];
-                w->asked = w->stage == ROW_LOCKED && (!heads || run_head(b, i));
+                w->asked = w->stage == ROW_LOCKED && (ask == ASK_ALL || run_head(b, i)) &&
+                           (ask != ASK_ONE || (first && w->suspect));
                 if (!w->asked)
                         continue;
                 if ((!first && buf_append(tids, ",", 1)) || buf_appendf(tids, "\"%s\"", w->tid) ||
@@ -245,6 +246,13 @@ int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *i
                 first = 0;
         }
         return buf_append(tids, "}", 1) || (ids && buf_append(ids, "}", 1));
+}
+
+int batch_suspects(const struct batch *b) {
+        for (size_t i = 0; i < b->n; i++)
+                if (b->rows[i].stage == ROW_LOCKED && b->rows[i].suspect)
+                        return 1;
+        return 0;
 }
 
 /* The row of b with ctid `tid` (6 bytes), or -1. */
@@ -342,10 +350,12 @@ long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, l
                 char why[160];
                 b->unfetched--;
                 w->stage = ROW_READY;
+                w->suspect = 0;
                 filled++;
                 b->dirty = 1;
                 if (fill(w, r, k, max_row, &code, why, sizeof why) != 0) {
                         forget_content(w); /* the answer may go before the row's mark */
+                        w->permanent = 1;
                         batch_settle(b, (size_t)i, DECIDE_DEAD, code, why);
                         continue;
                 }
@@ -401,6 +411,7 @@ void batch_settle(struct batch *b, size_t i, enum decide_mark mark, const char *
         if (w->stage == ROW_LOCKED)
                 b->unfetched--;
         w->stage = ROW_SETTLED;
+        w->suspect = 0;
         w->settled_at = clock_mono_s();
         w->mark = mark;
         w->code = code;

@@ -47,6 +47,7 @@ struct row {
         double settled_at;  /* monotonic, when its outcome became known */
         int mark_uncertain; /* a mark of it was lost with its connection */
         int asked;          /* in the list of the batch's latest fetch */
+        int suspect;        /* asked by a fetch that failed: read alone until read or settled */
         char *topic;        /* the message's topic (for metrics and logs), owned */
         double produced_at; /* monotonic */
         /* its run: the version it waits for and the one that waits for it */
@@ -84,14 +85,25 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
 /* Frees the batch and every result it keeps. NULL is a no-op. */
 void batch_free(struct batch *b);
 
+/* Which of a batch's rows still to fetch a fetch asks for. */
+enum fetch_ask {
+        ASK_ALL,   /* every one */
+        ASK_HEADS, /* the first of each run (each can go once read, whatever
+                    * part of them a fetch's byte limit lets come) */
+        ASK_ONE,   /* the first suspect of the first run with one, alone: a
+                    * fetch computes the text of every row it asks for, so
+                    * only a fetch of one row tells which row it cannot read
+                    * (none: the list is empty) */
+};
+
 /* The rows a fetch asks for, as PostgreSQL array literals: their ctids into
  * tids and, unless ids is NULL, their outbox_ids into ids, in the same order
- * (both reset first). They are the rows still to fetch, or with heads only
- * the first of each run still to fetch (whatever part of them a fetch's byte
- * limit lets come, each can go once read). Sets each row's `asked`. 0, or -1
- * out of memory. */
-int batch_fetch_list(struct batch *b, int heads, struct buf *tids, struct buf *ids)
+ * (both reset first). Sets each row's `asked`. 0, or -1 out of memory. */
+int batch_fetch_list(struct batch *b, enum fetch_ask ask, struct buf *tids, struct buf *ids)
         __attribute__((warn_unused_result));
+
+/* Whether b has a row still to fetch that a failed fetch asked for. */
+int batch_suspects(const struct batch *b);
 
 /* Takes a fetch's answer (binary; relay/sql/fetch.sql) and fills the rows
  * it has: ROW_READY, or settled DEAD when a row cannot become a message

@@ -1,6 +1,8 @@
 /* decide.c - the relay's decisions as pure functions. */
 #include "decide.h"
 
+#include <string.h>
+
 void decide_runs(enum config_ordering ordering, const struct decide_item *items, size_t n,
                  struct decide_run *out) {
         int released = 0; /* the current aggregate's run broke at a hole */
@@ -48,4 +50,10 @@ int decide_retry_ms(int failures, int cap_ms) {
         for (int i = 1; i < failures && d < cap_ms; i++)
                 d *= 2;
         return d > cap_ms ? cap_ms : (int)d;
+}
+
+int decide_row_unreadable(const char *sqlstate) {
+        return sqlstate && strlen(sqlstate) == 5 &&
+               (!strncmp(sqlstate, "22", 2) || !strncmp(sqlstate, "54", 2) ||
+                !strncmp(sqlstate, "XX", 2));
 }

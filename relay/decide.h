@@ -57,4 +57,11 @@ long long decide_backoff_ms(int attempt, int initial_ms, int max_ms, unsigned ra
  * row (1 or more): 100 ms doubling, capped at cap_ms. */
 int decide_retry_ms(int failures, int cap_ms);
 
+/* Whether a fetch of one row that failed with SQLSTATE `sqlstate` says the
+ * row cannot be read, so it goes DEAD: a data exception (class 22), a limit
+ * the row's content exceeds (54) or damaged storage (XX). Anything else
+ * (out of memory, a disk full, ...) is an attempt that failed: FAILED, and
+ * tried again after its backoff. */
+int decide_row_unreadable(const char *sqlstate);
+
 #endif

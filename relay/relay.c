@@ -151,6 +151,7 @@ struct relay {
         double lock_sent_at;    /* when it was sent (monotonic): its rows' lock age starts */
         struct batch *fetching; /* the batch the fetch in flight is for */
         int fetch_one;          /* fetch rows one at a time (a fetch failed) */
+        int fetch_by_id;        /* the fetch in flight finds its rows by outbox_id */
         long long fetch_budget; /* the byte limit the fetch in flight was sent */
         /* The batch whose rows a fetch by ctid did not find: an UPDATE moved
          * them since their lock (or the sweeper took them). Its rows still
@@ -662,9 +663,12 @@ static struct batch *to_fetch(const struct relay *r) {
 }
 
 /* Sends the fetch of b's rows still to fetch; heads: only the first of each
- * run (see batch_fetch_list()). */
+ * run (see enum fetch_ask); while rows a failed fetch asked for are left,
+ * one of them alone, by outbox_id. */
 static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
         char err[512], bytes[24], max_row[24];
+        if (r->fetch_one && !batch_suspects(b))
+                r->fetch_one = 0; /* each row of the failed fetch was read or settled */
         long long budget = r->cfg->batch_bytes - r->bytes_held;
         if (budget > FETCH_BYTES_MAX)
                 budget = FETCH_BYTES_MAX;
@@ -674,13 +678,16 @@ static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
                 budget = 1;
         snprintf(bytes, sizeof bytes, "%lld", budget);
         snprintf(max_row, sizeof max_row, "%lld", kafka_max_message_bytes(r->kafka));
-        /* $1 the ctids; or, for rows a fetch by ctid did not find, $5 and $6
-         * their ctids and outbox_ids (the other array parameters empty) */
-        int by_id = b == r->moved;
+        /* $1 the ctids; or, for rows a fetch by ctid did not find and for
+         * a row read alone, $5 and $6 their ctids and outbox_ids (the other
+         * array parameters empty): a fetch by ctid may find another row
+         * there, whose text the statement computes too */
+        int by_id = b == r->moved || r->fetch_one;
         struct buf *empty = by_id ? &r->list : &r->list3;
         buf_reset(empty);
         buf_reset(&r->list2);
-        if (batch_fetch_list(b, heads, by_id ? &r->list3 : &r->list, by_id ? &r->list2 : NULL) ||
+        enum fetch_ask ask = r->fetch_one ? ASK_ONE : heads ? ASK_HEADS : ASK_ALL;
+        if (batch_fetch_list(b, ask, by_id ? &r->list3 : &r->list, by_id ? &r->list2 : NULL) ||
             buf_append(empty, "{}", 2) || (!by_id && buf_append(&r->list2, "{}", 2)))
                 return -1;
         const char *params[6] = {r->list.data, r->cfg->relay_id, bytes,
@@ -691,6 +698,7 @@ static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
                 return -1;
         }
         r->fetching = b;
+        r->fetch_by_id = by_id;
         r->fetch_budget = budget;
         return 0;
 }
@@ -800,6 +808,24 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
                 r->lock_not_before = now + LOCK_AGAIN_S;
 }
 
+/* The one row a fetch asked for (read alone: a fetch with several failed)
+ * failed with res: DEAD when the error says PostgreSQL cannot read it,
+ * else FAILED (an attempt: a row that keeps failing so runs out of them). */
+static void read_failed(struct relay *r, struct batch *b, const struct db_result *res) {
+        for (size_t i = 0; i < b->n; i++) {
+                struct row *w = &b->rows[i];
+                if (w->stage != ROW_LOCKED || !w->asked)
+                        continue;
+                int unreadable = decide_row_unreadable(db_result_sqlstate(res));
+                w->permanent = unreadable;
+                batch_settle(
+                        b, i,
+                        decide_failure(unreadable, 0, w->ev.attempt_count, r->cfg->max_attempts),
+                        unreadable ? "INVALID_VALUE" : "READ_FAILED", db_result_error(res));
+                return;
+        }
+}
+
 static void fetch_result(struct relay *r, struct db_result *res, double now) {
         struct batch *b = r->fetching;
         r->fetching = NULL;
@@ -807,16 +833,19 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                 if (*db_result_sqlstate(res) &&
                     db_fault_of(db_result_sqlstate(res)) == DB_FAULT_STATEMENT) {
                         if (!r->fetch_one) {
-                                /* something in one row: fetch them one by one to find it */
-                                r->fetch_one = 1;
-                        } else {
-                                /* the one row this fetch asked for cannot be read */
+                                /* something in one of its rows: each is read
+                                 * alone until the one that fails is found */
+                                size_t n = 0;
                                 for (size_t i = 0; i < b->n; i++)
-                                        if (b->rows[i].stage == ROW_LOCKED) {
-                                                batch_settle(b, i, DECIDE_DEAD, "INVALID_VALUE",
-                                                             db_result_error(res));
-                                                break;
+                                        if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
+                                                b->rows[i].suspect = 1;
+                                                n++;
                                         }
+                                r->fetch_one = 1;
+                                log_warn("relay", "a fetch failed: reading its rows one at a time",
+                                         "rows=%zu sqlstate=%s", n, db_result_sqlstate(res));
+                        } else {
+                                read_failed(r, b, res);
                         }
                 } else if (*db_result_sqlstate(res)) {
                         stmt_failed(r, C_LOCK, RELAY_SQL_FETCH, res, now);
@@ -840,7 +869,7 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         for (size_t i = 0; i < b->n; i++)
                 missing += b->rows[i].stage == ROW_LOCKED && b->rows[i].asked;
         if (answered < r->fetch_budget && missing > 0) {
-                if (r->moved != b) {
+                if (!r->fetch_by_id) {
                         /* a fetch by ctid (send_fetch()): moved by an UPDATE
                          * since their lock, or taken back */
                         log_info("relay",
@@ -1561,6 +1590,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         .test_lock_delay_ms = cfg->test_lock_delay_ms,
                         .test_mark_delay_ms = cfg->test_mark_delay_ms,
                         .test_sample_delay_ms = cfg->test_sample_delay_ms,
+                        .test_fetch_fault_version = cfg->test_fetch_fault_version,
                 };
                 /* each connection prepares the statements it runs; the side
                  * connection's read the whole backlog: a longer timeout */

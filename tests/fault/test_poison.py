@@ -95,3 +95,49 @@ def test_poison_rows_dead_and_isolated(db, kafka, tmp_path, report):
            dead[("hdr2", 1)]["last_error_code"], tired["last_error_code"],
            tired["attempt_count"], len(others), len({r["aggregate_id"] for r in others}),
            len(more), bool(on_kafka), len(kc.msgs))
+
+
+FAULT_VERSION = 7
+# after every healthy aggregate in a batch's order (by aggregate), so that a
+# relay blaming the first row it asked for would blame a healthy one
+BAD = "zz-bad"
+
+
+def test_row_postgresql_cannot_read_goes_dead_alone(db, kafka, tmp_path, report):
+    """A row whose fetch fails with a data exception (the test hook makes
+    every fetch that reads a row of version FAULT_VERSION fail, as damaged
+    storage would): the relay reads the batch's rows one at a time until
+    the row fails alone, and only that row goes DEAD."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    healthy = make_events(aggregates=40, versions=FAULT_VERSION - 1, id_prefix="ok")
+    bad = [row(BAD, v) for v in range(1, FAULT_VERSION + 3)]
+    db.insert_events(healthy + bad)
+    env = relay_env(db, kafka, "r-unreadable", OUTBOX_TEST_FETCH_FAULT_VERSION=FAULT_VERSION)
+    with Relay("outbox-relay", name="r-unreadable", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["DEAD"] == 1 and
+                   db.status_counts()["PUBLISHED"] == len(healthy) + FAULT_VERSION - 1, 60,
+                   what="the unreadable row DEAD, every row before it PUBLISHED")
+        more = make_events(aggregates=10, versions=2, id_prefix="new")
+        db.insert_events(more)
+        wait_until(lambda: db.count("aggregate_id LIKE 'new%%' AND status = 'PUBLISHED'")
+                   == len(more), 60, what="rows written after it PUBLISHED")
+        assert relay.stop() == 0
+    dead = db.rows(where="status = 'DEAD'")
+    assert [(r["aggregate_id"], r["aggregate_version"]) for r in dead] == \
+        [(BAD, FAULT_VERSION)], dead
+    assert dead[0]["last_error_code"] == "INVALID_VALUE", dead[0]
+    assert "division by zero" in dead[0]["last_error_message"], dead[0]
+    held = db.rows(where="aggregate_id = %s AND aggregate_version > %s",
+                   params=(BAD, FAULT_VERSION))
+    assert all(r["status"] in ("PENDING", "FAILED") for r in held), held
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    on_kafka = {(header(m, "aggregate-id"), int(header(m, "aggregate-version"))) for m in kc.msgs}
+    assert not {(BAD, v) for v in range(FAULT_VERSION, FAULT_VERSION + 3)} & on_kafka
+    report("%s/%d DEAD INVALID_VALUE (%s); %d-%d held; %d other rows PUBLISHED, none DEAD;"
+           " %d messages, order ok", BAD, FAULT_VERSION, dead[0]["last_error_message"][:60],
+           FAULT_VERSION + 1, FAULT_VERSION + 2, len(table) - len(bad), len(kc.msgs))

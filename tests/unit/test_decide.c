@@ -99,3 +99,16 @@ Test(decide, statement_retries_back_off_to_a_cap) {
         cr_expect_eq(decide_retry_ms(10, 30000), 30000);
         cr_expect_eq(decide_retry_ms(INT_MAX, 30000), 30000);
 }
+
+Test(decide, only_a_row_s_own_faults_make_it_unreadable) {
+        cr_expect(decide_row_unreadable("22021"));  /* invalid byte sequence */
+        cr_expect(decide_row_unreadable("22P02"));  /* invalid text representation */
+        cr_expect(decide_row_unreadable("54000"));  /* program limit exceeded */
+        cr_expect(decide_row_unreadable("XX001"));  /* data corrupted */
+        cr_expect(!decide_row_unreadable("53200")); /* out of memory */
+        cr_expect(!decide_row_unreadable("53100")); /* disk full */
+        cr_expect(!decide_row_unreadable("42501")); /* insufficient privilege */
+        cr_expect(!decide_row_unreadable(""));
+        cr_expect(!decide_row_unreadable("22"));
+        cr_expect(!decide_row_unreadable(NULL));
+}
