@@ -20,7 +20,10 @@ blocker, and a relay that cannot work says so (docs/DESIGN.md,
     both rewrite the table, so every row the relay holds moves to another
     ctid between its lock and its fetch or mark, and another held row may
     take the ctid it had. Each event on Kafka carries its own row's content
-    (payload, event type), every row ends PUBLISHED.
+    (payload, event type), and every row gets its own outcome: PUBLISHED, or,
+    with rows that fail (headers that are not an object, a row no read of
+    which succeeds), DEAD with its code and the versions behind it given
+    back; no lock is counted lost.
 G1 and G2 on Apache Kafka in each.
 
 Relays run with OUTBOX_DB_LOCK_TIMEOUT_MS = DB_LOCK_TIMEOUT_MS and
@@ -31,6 +34,7 @@ import threading
 import time
 
 import psycopg2
+import pytest
 
 from conftest import check_audit, check_kafka, relay_env
 from harness import Relay, free_port, header, make_events, wait_until
@@ -351,7 +355,18 @@ def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, r
            % (runs, n, latency), report)
 
 
-def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report):
+# Rows of this version fail every read (the relays' test hook), and version
+# BAD_HEADERS of the first BAD_AGGREGATES aggregates has headers that are not
+# an object: both go DEAD while rewrites move them. The versions behind them
+# wait (280 rows: fewer than a batch, so the lock's window, oldest due rows
+# first, still reaches the rest with no sweeper to park them).
+FETCH_FAULT_VERSION = 38
+BAD_HEADERS = 30
+BAD_AGGREGATES = 10
+
+
+@pytest.mark.parametrize("outcomes", ["published", "dead_and_held"])
+def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report, outcomes):
     kafka.create_topic("%s.Order" % db.schema, 4)
     # Runs of 40 versions: the relay locks a run whole and sends its versions
     # one after the other, reading each version's content when it is next,
@@ -359,7 +374,28 @@ def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report):
     rows = make_events(aggregates=100, versions=40)
     for r in rows:
         r["event_type"] = "E%d" % r["aggregate_version"]
+    failing = outcomes == "dead_and_held"
+    extra = {}
+    if failing:
+        extra["OUTBOX_TEST_FETCH_FAULT_VERSION"] = FETCH_FAULT_VERSION
+        for r in rows:
+            if r["aggregate_version"] == BAD_HEADERS and \
+                    int(r["aggregate_id"][1:]) < BAD_AGGREGATES:
+                r["headers_json"] = "[1]"
     db.insert_events(rows)
+
+    def last_good(agg):
+        if not failing:
+            return 40
+        return BAD_HEADERS - 1 if int(agg[1:]) < BAD_AGGREGATES else FETCH_FAULT_VERSION - 1
+    published = sum(last_good("a%d" % a) for a in range(100))
+    dead = 100 if failing else 0
+    # each aggregate's first failing version, DEAD (a version behind it may
+    # be read, and go DEAD, before its fate is known)
+    first_dead = ("(aggregate_version = %d AND substr(aggregate_id, 2)::int < %d"
+                  " OR aggregate_version = %d AND substr(aggregate_id, 2)::int >= %d)"
+                  " AND status = 'DEAD'"
+                  % (BAD_HEADERS, BAD_AGGREGATES, FETCH_FAULT_VERSION, BAD_AGGREGATES))
     pkey = db.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass"
                       " AND contype = 'p'", (db.table,))[0]["conname"]
     port = free_port()
@@ -367,24 +403,41 @@ def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report):
     runs = 0
     try:
         with Relay("outbox-relay", name="r-full", log_dir=tmp_path,
-                   env=env_for(db, kafka, "r-full", port)) as relay:
+                   env=env_for(db, kafka, "r-full", port, **extra)) as relay:
             wait_until(lambda: db.count("status = 'PUBLISHING'") > 0, 30,
                        what="rows in flight")
-            deadline = time.monotonic() + 120
-            while db.count("status <> 'PUBLISHED'") > 0:
-                assert time.monotonic() < deadline, db.status_counts()
+            deadline = time.monotonic() + 90
+            while True:
+                c = db.status_counts()
+                if c["PUBLISHED"] == published and c["PUBLISHING"] == 0 and \
+                        (not failing or db.count(first_dead) == dead):
+                    break
+                assert time.monotonic() < deadline, \
+                    "expected %d PUBLISHED, %d first failing versions DEAD, none PUBLISHING:" \
+                    " %s" % (published, dead, c)
                 with maint.cursor() as cur:
                     cur.execute("CLUSTER %s USING %s" % (db.table, pkey) if runs % 2
                                 else "VACUUM FULL %s" % db.table)
                 runs += 1
-            moved = len([r for r in log_records(relay.log_text())
-                         if "not found where their lock left them" in r["_line"]])
+            records = log_records(relay.log_text())
             assert relay.stop() == 0
     finally:
         maint.close()
+    moved = len([r for r in records if "not found where their lock left them" in r["_line"]])
+    lost = [r["_line"] for r in records if "lock lost" in r["_line"]]
     assert runs >= 5, "only %d rewrites while the rows were published" % runs
     assert moved > 0, "%d rewrites moved no row the relay held" % runs
+    assert not lost, "rows the relay held counted as taken back: %s" % lost[:3]
     table = {r["outbox_id"]: r for r in db.rows()}
+    for r in table.values():
+        agg, v = r["aggregate_id"], r["aggregate_version"]
+        want = ("PUBLISHED",) if v <= last_good(agg) else ("DEAD",) \
+            if v == last_good(agg) + 1 else ("PENDING", "FAILED", "DEAD") \
+            if v == FETCH_FAULT_VERSION else ("PENDING", "FAILED")
+        assert r["status"] in want, (agg, v, r)
+        if r["status"] == "DEAD":
+            code = "INVALID_VALUE" if v == FETCH_FAULT_VERSION else "INVALID_HEADERS"
+            assert r["last_error_code"] == code, r
     kc, _ = check_kafka(kafka, ["%s.Order" % db.schema], list(table.values()), dup_allowed=())
     wrong = []
     for m in kc.msgs:
@@ -397,6 +450,15 @@ def test_vacuum_full_and_cluster_move_held_rows(db, kafka, tmp_path, report):
             wrong.append((header(m, "event-id"), header(m, "aggregate-id"),
                           header(m, "aggregate-version"), header(m, "event-type"), m["value"]))
     assert not wrong, "%d events carry another row's content, e.g. %s" % (len(wrong), wrong[:3])
-    finish(db, kafka, [relay], "%d VACUUM FULL / CLUSTER runs while 4000 rows in runs of 40"
-           " versions were published: every event carries its own row's content; rows looked"
-           " up by outbox_id after a move: %d times" % (runs, moved), report)
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, ["%s.Order" % db.schema], list(table.values()),
+                               dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    report("%d VACUUM FULL / CLUSTER runs while 4000 rows in runs of 40 versions were locked,"
+           " read and marked: %d PUBLISHED, %d first failing versions DEAD (%s), the versions"
+           " behind them given back;"
+           " every event carries its own row's content; rows looked up by outbox_id after a"
+           " move: %d times; no lock counted lost", runs, published, dead,
+           "unreadable v%d, bad headers v%d" % (FETCH_FAULT_VERSION, BAD_HEADERS) if failing
+           else "none", moved)
