@@ -55,5 +55,5 @@ int decide_retry_ms(int failures, int cap_ms) {
 int decide_row_unreadable(const char *sqlstate) {
         return sqlstate && strlen(sqlstate) == 5 &&
                (!strncmp(sqlstate, "22", 2) || !strncmp(sqlstate, "54", 2) ||
-                !strncmp(sqlstate, "XX", 2));
+                !strcmp(sqlstate, "XX001") || !strcmp(sqlstate, "XX002"));
 }

@@ -59,7 +59,8 @@ int decide_retry_ms(int failures, int cap_ms);
 
 /* Whether a fetch of one row that failed with SQLSTATE `sqlstate` says the
  * row cannot be read, so it goes DEAD: a data exception (class 22), a limit
- * the row's content exceeds (54) or damaged storage (XX). Anything else
+ * the row's content exceeds (54) or damaged storage (XX001 data corrupted,
+ * XX002 index corrupted; not XX000, any internal error). Anything else
  * (out of memory, a disk full, ...) is an attempt that failed: FAILED, and
  * tried again after its backoff. */
 int decide_row_unreadable(const char *sqlstate);

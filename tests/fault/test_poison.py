@@ -128,6 +128,8 @@ def test_row_postgresql_cannot_read_goes_dead_alone(db, kafka, tmp_path, report)
         [(BAD, FAULT_VERSION)], dead
     assert dead[0]["last_error_code"] == "INVALID_VALUE", dead[0]
     assert "division by zero" in dead[0]["last_error_message"], dead[0]
+    assert dead[0]["attempt_count"] == 1 and "attempt" not in dead[0]["last_error_message"], \
+        ("a row PostgreSQL cannot read is DEAD at its first attempt", dead[0])
     held = db.rows(where="aggregate_id = %s AND aggregate_version > %s",
                    params=(BAD, FAULT_VERSION))
     assert all(r["status"] in ("PENDING", "FAILED") for r in held), held

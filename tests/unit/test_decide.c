@@ -105,6 +105,8 @@ Test(decide, only_a_row_s_own_faults_make_it_unreadable) {
         cr_expect(decide_row_unreadable("22P02"));  /* invalid text representation */
         cr_expect(decide_row_unreadable("54000"));  /* program limit exceeded */
         cr_expect(decide_row_unreadable("XX001"));  /* data corrupted */
+        cr_expect(decide_row_unreadable("XX002"));  /* index corrupted */
+        cr_expect(!decide_row_unreadable("XX000")); /* internal error: anything */
         cr_expect(!decide_row_unreadable("53200")); /* out of memory */
         cr_expect(!decide_row_unreadable("53100")); /* disk full */
         cr_expect(!decide_row_unreadable("42501")); /* insufficient privilege */
