@@ -150,7 +150,7 @@ struct relay {
         long lock_gen;          /* db_connects() of the lock connection when it was sent */
         double lock_sent_at;    /* when it was sent (monotonic): its rows' lock age starts */
         struct batch *fetching; /* the batch the fetch in flight is for */
-        int fetch_one;          /* fetch rows one at a time (a fetch failed) */
+        int fetch_alone;        /* the fetch in flight asked for one suspect alone */
         int fetch_by_id;        /* the fetch in flight finds its rows by outbox_id */
         long long fetch_budget; /* the byte limit the fetch in flight was sent */
         /* The batch whose rows a fetch by ctid did not find: an UPDATE moved
@@ -667,12 +667,11 @@ static struct batch *to_fetch(const struct relay *r) {
  * one of them alone, by outbox_id. */
 static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
         char err[512], bytes[24], max_row[24];
-        if (r->fetch_one && !batch_suspects(b))
-                r->fetch_one = 0; /* each row of the failed fetch was read or settled */
+        int one = batch_suspects(b);
         long long budget = r->cfg->batch_bytes - r->bytes_held;
         if (budget > FETCH_BYTES_MAX)
                 budget = FETCH_BYTES_MAX;
-        if (r->fetch_one)
+        if (one)
                 budget = 1; /* the first row always comes */
         if (budget < 1)
                 budget = 1;
@@ -682,11 +681,11 @@ static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
          * a row read alone, $5 and $6 their ctids and outbox_ids (the other
          * array parameters empty): a fetch by ctid may find another row
          * there, whose text the statement computes too */
-        int by_id = b == r->moved || r->fetch_one;
+        int by_id = b == r->moved || one;
         struct buf *empty = by_id ? &r->list : &r->list3;
         buf_reset(empty);
         buf_reset(&r->list2);
-        enum fetch_ask ask = r->fetch_one ? ASK_ONE : heads ? ASK_HEADS : ASK_ALL;
+        enum fetch_ask ask = one ? ASK_ONE : heads ? ASK_HEADS : ASK_ALL;
         if (batch_fetch_list(b, ask, by_id ? &r->list3 : &r->list, by_id ? &r->list2 : NULL) ||
             buf_append(empty, "{}", 2) || (!by_id && buf_append(&r->list2, "{}", 2)))
                 return -1;
@@ -698,6 +697,7 @@ static int send_fetch(struct relay *r, struct batch *b, int heads, double now) {
                 return -1;
         }
         r->fetching = b;
+        r->fetch_alone = one;
         r->fetch_by_id = by_id;
         r->fetch_budget = budget;
         return 0;
@@ -832,7 +832,7 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         if (!db_result_ok(res)) {
                 if (*db_result_sqlstate(res) &&
                     db_fault_of(db_result_sqlstate(res)) == DB_FAULT_STATEMENT) {
-                        if (!r->fetch_one) {
+                        if (!r->fetch_alone) {
                                 /* something in one of its rows: each is read
                                  * alone until the one that fails is found */
                                 size_t n = 0;
@@ -841,7 +841,6 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                                                 b->rows[i].suspect = 1;
                                                 n++;
                                         }
-                                r->fetch_one = 1;
                                 log_warn("relay", "a fetch failed: reading its rows one at a time",
                                          "rows=%zu sqlstate=%s", n, db_result_sqlstate(res));
                         } else {
@@ -890,8 +889,6 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                                 }
                 }
         }
-        if (r->fetch_one && filled > 0 && !to_fetch(r))
-                r->fetch_one = 0;
 }
 
 /* ---- marking (the mark connection) -------------------------------------- */
