@@ -112,8 +112,8 @@ int batch_suspects(const struct batch *b);
  * *answered the size of every row the answer has (what fetch.sql's byte
  * limit counted: below that limit, no row was left out for it) but rows
  * found under the ctid of another of b's rows (that row moved). Rows it
- * lacks stay ROW_LOCKED (fetched again later, or looked up by outbox_id). Returns how many rows it
- * filled; -1 out of memory (the answer is freed). */
+ * lacks stay ROW_LOCKED (fetched again later, or looked up by outbox_id).
+ * Returns how many rows it filled; -1 out of memory (the answer is freed). */
 long batch_take_fetch(struct batch *b, struct db_result *r, long long max_row, long long *bytes,
                       long long *answered);
 

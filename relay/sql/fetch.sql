@@ -16,8 +16,7 @@
 -- own id is only: VACUUM FULL, CLUSTER or an UPDATE move rows, and another
 -- row this relay holds may come to stand at a ctid one of its rows had; a
 -- row found under another's ctid counts as not found), size (the bytes of
--- the row's text,
--- which the two limits count), event_type, event_version, topic_name,
+-- the row's text, which the two limits count), event_type, event_version, topic_name,
 -- partition_key, event_key, payload (JSON text, NULL for a tombstone or a
 -- row over $4), headers (headers_json's members as netstrings
 -- "<len>:<name><len>:<value>", strings as they are and other JSON as its
