@@ -6,6 +6,8 @@ retriable failures exhaust OUTBOX_MAX_ATTEMPTS (its last Kafka error).
 Broker: Apache Kafka (tests/run's), stopped (SIGSTOP) while the tired row
 uses up its attempts. Rejections only the broker makes (a topic's
 max.message.bytes, a missing topic) are in test_broker_rejects.py."""
+import re
+
 from conftest import check_audit, check_kafka, relay_env
 from harness import Relay, header, make_events, wait_until
 
@@ -50,7 +52,17 @@ def test_poison_rows_dead_and_isolated(db, kafka, tmp_path, report):
 
     dead = {(r["aggregate_id"], r["aggregate_version"]): r
             for r in db.rows(where="status = 'DEAD'")}
-    assert set(dead) == {("big", 1), ("hdr", 1), ("hdr2", 1), ("tired", 1)}, set(dead)
+    expected = {("big", 1), ("hdr", 1), ("hdr2", 1), ("tired", 1)}
+    if set(dead) != expected:  # shown with the failure: what happened to the tired rows
+        tired_rows = db.rows(where="aggregate_id = 'tired'")
+        for r in tired_rows:
+            print({k: r[k] for k in ("aggregate_version", "outbox_id", "status", "attempt_count",
+                                     "last_error_code", "last_error_message")})
+        for ln in relay.log_text().splitlines():
+            if (any(r["outbox_id"] in ln for r in tired_rows)
+                    or re.search(r" (level=(warn|error)|mod=db) ", ln)):
+                print(ln)
+    assert set(dead) == expected, set(dead)
     assert dead[("big", 1)]["last_error_code"] == "MSG_SIZE_TOO_LARGE"
     assert dead[("hdr", 1)]["last_error_code"] == "INVALID_HEADERS"
     assert dead[("hdr2", 1)]["last_error_code"] == "INVALID_HEADERS"
