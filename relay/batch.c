@@ -29,6 +29,7 @@ enum lock_col {
         L_SIZE,
         L_KEY,
         L_DEFERRED,
+        L_PARKED,
         L_NCOLS
 };
 
@@ -145,10 +146,15 @@ struct batch *batch_new(struct db_result *lock, enum config_ordering ordering, l
         for (size_t j = 0; j < n; j++) {
                 int k = (int)j;
                 /* a row the statement moved back behind its aggregate's
-                 * retry is not this relay's */
+                 * retry, or parked behind its DEAD version, is not this
+                 * relay's */
                 if (db_result_length(lock, k, L_DEFERRED) == 1 &&
-                    db_result_value(lock, k, L_DEFERRED)[0])
+                    db_result_value(lock, k, L_DEFERRED)[0]) {
+                        if (db_result_length(lock, k, L_PARKED) == 1 &&
+                            db_result_value(lock, k, L_PARKED)[0])
+                                b->parked++;
                         continue;
+                }
                 struct row *w = &b->rows[kept++];
                 const char *tid = db_result_value(lock, k, L_CTID);
                 int tid_len = db_result_length(lock, k, L_CTID);

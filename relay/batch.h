@@ -59,6 +59,7 @@ struct batch {
         struct batch *next;
         struct row *rows; /* by aggregate, then version */
         size_t n;
+        size_t parked;            /* rows the lock parked behind a DEAD version (not held) */
         struct tid_index *by_tid; /* the rows in ctid order (to match fetched rows) */
         struct db_result *lock;
         struct fetch_part *parts;

@@ -780,6 +780,9 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         if (b)
                 log_debug("relay", "locked", "rows=%zu deferred=%zu limit=%d rows_held=%lld", b->n,
                           (size_t)n - b->n, r->lock_limit, r->rows_open);
+        if (b && b->parked)
+                log_warn("relay", "versions parked behind a DEAD version of their aggregate",
+                         "rows=%zu", b->parked);
         if (b && b->n == 0) {
                 /* every row it returned was deferred: the window changed */
                 batch_free(b);

@@ -13,7 +13,8 @@
 -- late_after (a published version above the row's run: the row goes DEAD
 -- unsent), the aggregate and version, size (what the row weighs as stored:
 -- the fetch measures its text), the aggregate's key; and the rows it moved
--- back (deferred true, see below), which the relay does not hold.
+-- back or parked (deferred true, see below; parked true for the latter),
+-- which the relay does not hold.
 --
 -- Plan: one index scan of outbox_event_due_idx (the window), a TID probe per
 -- row (visible), one sort of the window by aggregate, then per aggregate at
@@ -69,14 +70,14 @@ aggregates AS (
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
   SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
-         prev.status AS prev_status,
+         prev.status AS prev_status, prev.code AS prev_code,
          next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
   -- that version an unpublished one first
   LEFT JOIN LATERAL (
     SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
-           p.available_at AS due, p.status
+           p.available_at AS due, p.status, p.last_error_code AS code
     FROM :table p
     WHERE r.head
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
@@ -134,6 +135,12 @@ decided AS (
   --               aggregate's rows move to its due time, behind it, so they
   --               do not fill the window while it waits, and the window,
   --               ordered by due time, reaches it
+  --   behind_dead the previous version is DEAD (not as a late version) or
+  --               parked behind one: nothing of the aggregate can go before
+  --               an operator acts, so its rows are parked as the sweeper
+  --               parks them (docs/DESIGN.md, "The sweeper"), out of the
+  --               window, which they would otherwise fill, however many
+  --               they are
   SELECT d.tid, d.v, d.lo, d.k,
          max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS late_after,
          bool_or(d.head AND CASE WHEN $5 = 'aggregate' THEN
@@ -145,7 +152,9 @@ decided AS (
          max(d.prev_due) FILTER (WHERE d.head AND NOT d.prev_published
                                  AND d.prev_status <> 'PUBLISHING'
                                  AND d.prev_due > d.min_due AND d.prev_due < 'infinity')
-           OVER a AS defer_to
+           OVER a AS defer_to,
+         bool_or(d.head AND d.prev_published IS FALSE AND d.prev_due = 'infinity'
+                 AND d.prev_code IS DISTINCT FROM 'LATE_VERSION') OVER a AS behind_dead
   FROM probed d
   WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id)),
 chosen AS (
@@ -154,19 +163,27 @@ chosen AS (
   -- window holds its whole range, else the lowest version's only (the relay
   -- sends a run's versions one after the other, each once the one before it
   -- was acknowledged, and gives back what follows a hole in the run); or
-  -- they are deferred
+  -- they are deferred, or parked
   SELECT c.tid, c.k, c.late_after,
-         c.late_after IS NULL AND NOT c.go AND c.defer_to IS NOT NULL AS deferred, c.defer_to
+         c.late_after IS NULL AND NOT c.go AND (c.defer_to IS NOT NULL OR c.behind_dead)
+           AS deferred,
+         c.late_after IS NULL AND NOT c.go AND c.behind_dead AS parked, c.defer_to
   FROM decided c
   WHERE c.late_after IS NOT NULL OR (c.go AND (c.all_in OR c.v = c.lo))
-     OR c.defer_to IS NOT NULL)
+     OR c.defer_to IS NOT NULL OR c.behind_dead)
 UPDATE :table o
 SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
     locked_by = CASE WHEN c.deferred THEN o.locked_by ELSE $1 END,
     locked_at = CASE WHEN c.deferred THEN o.locked_at ELSE now() END,
     last_attempt_at = CASE WHEN c.deferred THEN o.last_attempt_at ELSE now() END,
-    available_at = CASE WHEN c.deferred THEN greatest(o.available_at, c.defer_to)
+    available_at = CASE WHEN c.parked THEN 'infinity'::timestamptz
+                        WHEN c.deferred THEN greatest(o.available_at, c.defer_to)
                         ELSE o.available_at END,
+    last_error_code = CASE WHEN c.parked THEN 'BLOCKED' ELSE o.last_error_code END,
+    last_error_message = CASE WHEN c.parked
+      THEN 'parked behind a DEAD version of its aggregate (due again when that is requeued, '
+           'published or deleted)'
+      ELSE o.last_error_message END,
     attempt_count = CASE WHEN c.deferred OR o.attempt_count = 2147483647 THEN o.attempt_count
                          ELSE o.attempt_count + 1 END,
     updated_at = clock_timestamp()
@@ -180,4 +197,4 @@ RETURNING o.ctid, o.outbox_id, o.attempt_count, c.late_after,
   + coalesce(octet_length(o.topic_name), 0)::bigint + coalesce(octet_length(o.partition_key), 0)
   + coalesce(octet_length(o.event_key), 0)::bigint + coalesce(octet_length(o.correlation_id), 0)
   + coalesce(octet_length(o.causation_id), 0)::bigint + coalesce(octet_length(o.trace_id), 0)
-  AS size, c.k, c.deferred
+  AS size, c.k, c.deferred, c.parked

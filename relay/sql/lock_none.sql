@@ -2,7 +2,8 @@
 -- rows, in no order per aggregate (docs/DESIGN.md, "Status machine" step 1).
 --   $1 text      relay id (locked_by)
 --   $2 int       rows at most
--- Returns the locked rows as lock does (late_after NULL, key 0, never deferred).
+-- Returns the locked rows as lock does (late_after NULL, key 0, never deferred
+-- or parked).
 --
 -- Plan: one index scan of outbox_event_due_idx, then the update by ctid.
 WITH window_rows AS MATERIALIZED (
@@ -28,4 +29,4 @@ RETURNING o.ctid, o.outbox_id, o.attempt_count, NULL::bigint AS late_after,
   + coalesce(octet_length(o.topic_name), 0)::bigint + coalesce(octet_length(o.partition_key), 0)
   + coalesce(octet_length(o.event_key), 0)::bigint + coalesce(octet_length(o.correlation_id), 0)
   + coalesce(octet_length(o.causation_id), 0)::bigint + coalesce(octet_length(o.trace_id), 0)
-  AS size, 0::bigint AS k, false AS deferred
+  AS size, 0::bigint AS k, false AS deferred, false AS parked

@@ -1,12 +1,15 @@
 """Scenario 10 (G4 at scale): the versions waiting behind a DEAD version of
-their aggregate are due rows that every lock statement would step over, one
-guard probe each, on every batch. The sweeper parks them out of the lock
-scan's range (available_at 'infinity', last_error_code BLOCKED) and makes them
-due again once no DEAD version of their aggregate is below them: requeued, deleted or
-published by hand. Nothing is lost and G2 holds on Kafka through it all.
+their aggregate can never go before an operator acts, yet they would be due:
+every lock statement would step over them, and enough of them would fill its
+window and stop the table. The relay's lock statement parks those it meets, and
+the sweeper those no relay met, out of the lock scan's range (available_at
+'infinity', last_error_code BLOCKED); the sweeper makes them due again once no
+DEAD version of their aggregate is below them: requeued, deleted or published
+by hand. Nothing is lost and G2 holds on Kafka through it all.
 
 Broker: Apache Kafka (tests/run's)."""
 import re
+import time
 
 import psycopg2
 import pytest
@@ -39,30 +42,27 @@ def test_versions_behind_a_dead_version_are_parked_and_released(db, kafka, tmp_p
     ids = db.insert_events(hot + healthy)
     with Relay("outbox-relay", name="r-park", log_dir=tmp_path,
                env=relay_env(db, kafka, "r-park")) as relay:
-        # Each outcome class is marked in a statement of its own: hot/1's DEAD
-        # mark may commit before the versions locked with it are given back.
+        # The relay's lock statement parks hot/2..301 as soon as it sees them
+        # behind the DEAD hot/1, and touches nothing else.
         wait_until(lambda: db.count("status = 'DEAD'") == 1 and
                    db.count("status = 'PUBLISHED'") == len(healthy) and
-                   db.count("status = 'PUBLISHING'") == 0, 60,
-                   what="hot/1 DEAD, the healthy aggregates PUBLISHED, nothing locked")
-
-        # The sweeper parks hot/2..301 in statements of at most 100 rows and
-        # touches nothing else.
-        before = {r["outbox_id"]: r for r in db.rows(where="aggregate_id <> 'hot'")}
-        assert sweep(db, tmp_path, "sweeper-park") == (300, 0)
-        assert db.count(BLOCKED) == 300
+                   db.count(BLOCKED) == 300, 60,
+                   what="hot/1 DEAD, the healthy aggregates PUBLISHED, hot/2..301 parked")
         assert db.count("aggregate_id = 'hot' AND aggregate_version > 1 AND NOT (%s)"
                         % BLOCKED) == 0
         (parked,) = db.rows(where="aggregate_id = 'hot' AND aggregate_version = 2")
         assert "DEAD version" in parked["last_error_message"], parked
         assert parked["attempt_count"] == 0
+        assert parked["locked_by"] is None
+        before = {r["outbox_id"]: r for r in db.rows(where="aggregate_id <> 'hot'")}
+        assert sweep(db, tmp_path, "sweeper-park") == (0, 0)  # nothing left to do
         assert {r["outbox_id"]: r for r in db.rows(where="aggregate_id <> 'hot'")} == before
-        assert sweep(db, tmp_path, "sweeper-again") == (0, 0)  # nothing left to do
 
-        # Versions that arrive later are due again; the next sweep parks them.
+        # Versions that arrive later are parked as the relay comes to them.
         db.insert_events([row("hot", v) for v in range(302, 305)])
-        assert sweep(db, tmp_path, "sweeper-late") == (3, 0)
-        assert db.count(BLOCKED) == 303
+        wait_until(lambda: db.count(BLOCKED) == 303, 30, what="hot/302..304 parked")
+        assert re.search(r'msg="versions parked behind a DEAD version of their aggregate" '
+                         r'rows=\d+', relay.log_text())
 
         # A requeue that forgets available_at still fails on the constraint:
         # only BLOCKED versions may wait at 'infinity'.
@@ -77,10 +77,10 @@ def test_versions_behind_a_dead_version_are_parked_and_released(db, kafka, tmp_p
         out = outboxctl(db, "requeue", "--id", ids[0])
         assert "requeued 1 row(s), 303 parked version(s) due again" in out, out
         assert sweep(db, tmp_path, "sweeper-unpark") == (0, 0)
-        assert db.count("available_at = 'infinity'") == 0
         total = len(hot) + 3 + len(healthy)
         wait_until(lambda: db.count("status = 'PUBLISHED'") == total, 60,
                    what="every row PUBLISHED after the requeue")
+        assert db.count("available_at = 'infinity'") == 0
         assert relay.stop() == 0
 
     table = db.rows()
@@ -91,10 +91,39 @@ def test_versions_behind_a_dead_version_are_parked_and_released(db, kafka, tmp_p
     assert not problems, problems  # G2: first copies in version order
     versions = [int(header(m, "aggregate-version")) for m in kc.msgs if m["key"] == "hot"]
     assert versions == list(range(1, 305)), versions[:20]
-    report("hot/1 DEAD with 300 versions behind it: the sweeper parked them (3 more that "
-           "arrived later on its next run), left every other row alone; `outboxctl requeue` "
+    report("hot/1 DEAD with 300 versions behind it: the relay parked them (3 more that "
+           "arrived later as it came to them), left every other row alone; `outboxctl requeue` "
            "made all 303 due again; Kafka has hot 1..304 in order, %d messages, "
            "no duplicates", len(kc.msgs))
+
+
+def test_versions_behind_a_dead_version_do_not_stall_the_table(db, kafka, tmp_path, report):
+    # Far more versions wait behind the DEAD one than a lock statement takes,
+    # and they are due before every other row: were they left in the lock's
+    # window, they would fill it and nothing else would go. No sweeper runs.
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    batch = 20
+    db.insert_events([row("hot", 1, headers_json="[1]")] +
+                     [row("hot", v) for v in range(2, 10 * batch + 2)])
+    with Relay("outbox-relay", name="r-stall", log_dir=tmp_path,
+               env=relay_env(db, kafka, "r-stall", OUTBOX_BATCH_SIZE=batch)) as relay:
+        wait_until(lambda: db.count("status = 'DEAD'") == 1, 30, what="hot/1 DEAD")
+        healthy = make_events(aggregates=10, versions=3, id_prefix="ok")
+        t0 = time.monotonic()
+        db.insert_events(healthy)
+        wait_until(lambda: db.count("status = 'PUBLISHED'") == len(healthy), 30,
+                   what="the rows inserted after the DEAD one PUBLISHED")
+        took = time.monotonic() - t0
+        assert db.count(BLOCKED) == 10 * batch
+        assert relay.stop() == 0
+    table = db.rows()
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
+    assert not problems, problems
+    assert not any(m["key"] == "hot" for m in kc.msgs)
+    report("hot/1 DEAD with %d versions behind it (10 lock batches); %d rows inserted after "
+           "it PUBLISHED %.1f s later, no sweeper; the versions behind hot/1 parked by the "
+           "relay, none on Kafka", 10 * batch, len(healthy), took)
 
 
 def test_parked_versions_return_when_their_dead_version_is_gone(db, tmp_path):
