@@ -91,7 +91,9 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
          * rows) finds each DEAD aggregate and its highest parked version;
          * parking walks on from there in version order, so a long queue is
          * parked in one pass over it. A version a lock statement holds
-         * (SKIP LOCKED) stays due behind the parked ones, blocked as before. */
+         * (SKIP LOCKED), or one below the highest parked version (the relays'
+         * lock statements park the versions they meet, not in version order),
+         * stays due: the lock statement that meets it parks it. */
         [S_PARK] = {"park_blocked", "park blocked versions", 1,
                     "WITH dead AS MATERIALIZED (SELECT tenant_id, aggregate_type, aggregate_id,"
                     "  min(aggregate_version) FILTER (WHERE " HOLDING ") AS v,"

@@ -66,6 +66,8 @@
  * large backlog makes the count slow: sampling stays about 2 % of the time). */
 #define SAMPLE_INTERVAL_S 10.0
 #define SAMPLE_SPACING    50.0
+/* Parked versions made due again per sample, at most (the rest at the next). */
+#define UNPARK_LIMIT 10000
 /* A statement waiting this long on the lock or mark connection has its
  * blockers looked up and logged. */
 #define BLOCKED_REPORT_S 1.0
@@ -121,6 +123,7 @@ enum side_task {
         SIDE_GAPS,
         SIDE_HELD,
         SIDE_HORIZON,
+        SIDE_UNPARK,
         SIDE_BLOCKERS
 };
 
@@ -172,6 +175,9 @@ struct relay {
 
         /* the side connection */
         enum side_task side_task;
+        double parked_seen;        /* versions parked behind a DEAD one, at the last sample */
+        long long parked_unlogged; /* versions this relay parked, not yet logged */
+        double parked_logged_at;
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
         double next_sample, sample_started;
         int sample_slow;
@@ -751,6 +757,18 @@ static void learn_row_bytes(struct relay *r, long long bytes, long rows) {
         r->row_bytes = r->row_bytes > 0 ? (r->row_bytes + avg) / 2 : avg;
 }
 
+/* Logs the versions the lock statements parked since the last line: at most
+ * one line per sample interval, however fast new versions of a DEAD
+ * aggregate arrive. */
+static void log_parked(struct relay *r, double now) {
+        if (!r->parked_unlogged)
+                return;
+        log_warn("relay", "versions parked behind a DEAD version of their aggregate", "rows=%lld",
+                 r->parked_unlogged);
+        r->parked_unlogged = 0;
+        r->parked_logged_at = now;
+}
+
 static void lock_result(struct relay *r, struct db_result *res, double now) {
         if (!db_result_ok(res)) {
                 if (!*db_result_sqlstate(res)) {
@@ -780,9 +798,11 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         if (b)
                 log_debug("relay", "locked", "rows=%zu deferred=%zu limit=%d rows_held=%lld", b->n,
                           (size_t)n - b->n, r->lock_limit, r->rows_open);
-        if (b && b->parked)
-                log_warn("relay", "versions parked behind a DEAD version of their aggregate",
-                         "rows=%zu", b->parked);
+        if (b && b->parked) {
+                r->parked_unlogged += (long long)b->parked;
+                if (now - r->parked_logged_at >= SAMPLE_INTERVAL_S)
+                        log_parked(r, now);
+        }
         if (b && b->n == 0) {
                 /* every row it returned was deferred: the window changed */
                 batch_free(b);
@@ -1220,6 +1240,15 @@ static void sample_next(struct relay *r, enum side_task done, double now) {
                 side_send(r, SIDE_HORIZON, RELAY_SQL_HORIZON, 0, NULL, now);
                 return;
         }
+        /* versions parked behind a DEAD one whose DEAD version is gone go
+         * again without waiting for a sweep (the lock parks, so the relay
+         * does not leave unparking to a sweeper that may not run) */
+        if (done == SIDE_HORIZON && r->parked_seen > 0 && stmt_may_run(r, RELAY_SQL_UNPARK, now)) {
+                snprintf(max, sizeof max, "%d", UNPARK_LIMIT);
+                const char *params[1] = {max};
+                side_send(r, SIDE_UNPARK, RELAY_SQL_UNPARK, 1, params, now);
+                return;
+        }
         /* the chain is done: time the next sample by how long this one took */
         double took = now - r->sample_started;
         int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
@@ -1249,6 +1278,7 @@ static void sampled(struct relay *r, const struct db_result *res) {
                 metrics_set(M_EVENTS, status[i], value_f(res, 0, i));
         metrics_set(M_OLDEST_PENDING_AGE, NULL, value_f(res, 0, 5));
         metrics_set(M_HELD_AGGREGATES, "dead", value_f(res, 0, 7));
+        r->parked_seen = value_f(res, 0, 6);
         r->ngap_keys = 0;
 }
 
@@ -1325,6 +1355,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                                       [SIDE_GAPS] = RELAY_SQL_GAPS,
                                       [SIDE_HELD] = RELAY_SQL_HELD,
                                       [SIDE_HORIZON] = RELAY_SQL_HORIZON,
+                                      [SIDE_UNPARK] = RELAY_SQL_UNPARK,
                                       [SIDE_BLOCKERS] = RELAY_SQL_BLOCKERS};
         r->side_task = SIDE_IDLE;
         if (task == SIDE_IDLE) {
@@ -1336,7 +1367,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                 if (*db_result_sqlstate(res))
                         stmt_failed(r, C_SIDE, stmt, res, now);
                 if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD ||
-                    task == SIDE_HORIZON)
+                    task == SIDE_HORIZON || task == SIDE_UNPARK)
                         r->next_sample = now + SAMPLE_INTERVAL_S;
                 db_result_free(res);
                 return;
@@ -1354,7 +1385,10 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                         r->lock_wanted = 1;
                 break;
         }
-        case SIDE_SAMPLE: sampled(r, res); break;
+        case SIDE_SAMPLE:
+                sampled(r, res);
+                log_parked(r, now);
+                break;
         case SIDE_GAPS: gaps_found(r, res); break;
         case SIDE_HELD:
                 if (db_result_rows(res) == 1) {
@@ -1363,11 +1397,20 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                 }
                 break;
         case SIDE_HORIZON: horizon_seen(r, res); break;
+        case SIDE_UNPARK: {
+                long long n = db_result_rows(res) ? db_int(db_result_value(res, 0, 0), 8) : 0;
+                if (n) {
+                        log_info("relay", "parked versions due again", "rows=%lld", n);
+                        r->lock_wanted = 1;
+                }
+                break;
+        }
         case SIDE_BLOCKERS: blockers_seen(r, res); break;
         default: break;
         }
         db_result_free(res);
-        if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD || task == SIDE_HORIZON)
+        if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD || task == SIDE_HORIZON ||
+            task == SIDE_UNPARK)
                 sample_next(r, task, now);
 }
 
@@ -1604,7 +1647,8 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                 else
                         s.prepare = 1ULL << RELAY_SQL_TAKE_BACK_OWN | 1ULL << RELAY_SQL_SAMPLE |
                                     1ULL << RELAY_SQL_GAPS | 1ULL << RELAY_SQL_HELD |
-                                    1ULL << RELAY_SQL_HORIZON | 1ULL << RELAY_SQL_BLOCKERS;
+                                    1ULL << RELAY_SQL_HORIZON | 1ULL << RELAY_SQL_UNPARK |
+                                    1ULL << RELAY_SQL_BLOCKERS;
                 if (c == C_SIDE)
                         s.statement_timeout_ms = cfg->statement_timeout_ms * 6;
                 cn->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);

@@ -2,8 +2,8 @@
 -- unpublished rows (the due index's range), never a scan of the published.
 -- Returns one row: PENDING, PUBLISHING, PUBLISHED (the statistics collector's
 -- live rows less the unpublished: an estimate), FAILED, DEAD, the age in
--- seconds of the oldest PENDING or FAILED row, the versions the sweeper
--- parked behind a DEAD one, and the aggregates a DEAD version holds (a
+-- seconds of the oldest PENDING or FAILED row, the versions parked behind a
+-- DEAD one (by a relay's lock statement or the sweeper), and the aggregates a DEAD version holds (a
 -- LATE_VERSION row holds none).
 SELECT count(*) FILTER (WHERE o.status = 'PENDING')::float8,
        count(*) FILTER (WHERE o.status = 'PUBLISHING')::float8,

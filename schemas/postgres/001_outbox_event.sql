@@ -55,8 +55,9 @@ CREATE TABLE outbox_event (
     -- A DEAD row is parked at available_at 'infinity', out of every lock
     -- scan's range; whoever requeues it must give it a real due time (a row
     -- waiting for, or in, a relay never has that one). The one exception:
-    -- the sweeper parks the versions behind a DEAD one there too, marked
-    -- last_error_code 'BLOCKED', and makes them due again when it is gone.
+    -- the versions behind a DEAD one are parked there too (by a relay's lock
+    -- statement or the sweeper), marked last_error_code 'BLOCKED', and made
+    -- due again when it is gone.
     CONSTRAINT outbox_event_parked_check
         CHECK (status NOT IN ('PENDING', 'FAILED', 'PUBLISHING')
                OR available_at <> 'infinity'
@@ -68,7 +69,8 @@ $$;
 
 -- No index mentions status, locked_by, locked_at, last_attempt_at,
 -- attempt_count or updated_at, the only columns the relay's lock statement
--- changes: so locking a row into PUBLISHING is a HOT update (no index entry
+-- changes on the rows it locks (it moves available_at only for the rare rows
+-- it defers or parks): so locking a row into PUBLISHING is a HOT update (no index entry
 -- written) whenever its page has room, which the table's fillfactor of 50
 -- leaves for rows a backlog filled pages with. Published and unpublished rows
 -- are told apart by published_at (outbox_event_published_at_check keeps it in

@@ -108,22 +108,41 @@ def test_versions_behind_a_dead_version_do_not_stall_the_table(db, kafka, tmp_pa
                      [row("hot", v) for v in range(2, 10 * batch + 2)])
     with Relay("outbox-relay", name="r-stall", log_dir=tmp_path,
                env=relay_env(db, kafka, "r-stall", OUTBOX_BATCH_SIZE=batch)) as relay:
-        wait_until(lambda: db.count("status = 'DEAD'") == 1, 30, what="hot/1 DEAD")
+        # hot/1's run is given back in a mark of its own, after the DEAD one
+        wait_until(lambda: db.count("status = 'DEAD'") == 1 and
+                   db.count("status = 'PUBLISHING'") == 0, 30, what="hot/1 DEAD, nothing locked")
         healthy = make_events(aggregates=10, versions=3, id_prefix="ok")
         t0 = time.monotonic()
         db.insert_events(healthy)
         wait_until(lambda: db.count("status = 'PUBLISHED'") == len(healthy), 30,
                    what="the rows inserted after the DEAD one PUBLISHED")
         took = time.monotonic() - t0
-        assert db.count(BLOCKED) == 10 * batch
+        wait_until(lambda: db.count(BLOCKED) == 10 * batch, 30, what="hot/2.. parked")
+
+        # Requeued by SQL, and still no sweeper: the relay makes the parked
+        # versions due again after its next table sample.
+        (dead,) = db.rows(where="status = 'DEAD'")
+        db.execute("UPDATE %s SET status = 'PENDING', available_at = now(), headers_json = '{}',"
+                   " last_error_code = NULL, last_error_message = NULL, attempt_count = 0"
+                   " WHERE outbox_id = %%s" % db.table, (dead["outbox_id"],))
+        t1 = time.monotonic()
+        total = 10 * batch + 1 + len(healthy)
+        wait_until(lambda: db.count("status = 'PUBLISHED'") == total, 60,
+                   what="hot/1..%d PUBLISHED after a requeue by SQL" % (10 * batch + 1))
+        unparked = time.monotonic() - t1
+        assert re.search(r'msg="parked versions due again" rows=%d' % (10 * batch),
+                         relay.log_text())
         assert relay.stop() == 0
     table = db.rows()
     kc, problems = check_kafka(kafka, [topic], table, dup_allowed=set())
     assert not problems, problems
-    assert not any(m["key"] == "hot" for m in kc.msgs)
+    versions = [int(header(m, "aggregate-version")) for m in kc.msgs if m["key"] == "hot"]
+    assert versions == list(range(1, 10 * batch + 2)), versions[:20]
     report("hot/1 DEAD with %d versions behind it (10 lock batches); %d rows inserted after "
-           "it PUBLISHED %.1f s later, no sweeper; the versions behind hot/1 parked by the "
-           "relay, none on Kafka", 10 * batch, len(healthy), took)
+           "it PUBLISHED %.1f s later, no sweeper, the versions behind hot/1 parked by the "
+           "relay; after a requeue by SQL the relay made them due again and hot 1..%d was on "
+           "Kafka in order %.1f s later", 10 * batch, len(healthy), took, 10 * batch + 1,
+           unparked)
 
 
 def test_parked_versions_return_when_their_dead_version_is_gone(db, tmp_path):

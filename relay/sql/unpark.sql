@@ -1,0 +1,33 @@
+-- unpark: makes due again the versions parked behind a DEAD version once no
+-- DEAD version of their aggregate is below them (requeued, deleted or
+-- published by hand), as the sweeper's parking step does (docs/DESIGN.md,
+-- "The sweeper", step 2). The relay parks such versions in its lock
+-- statement; this returns them without waiting for a sweep, also those a
+-- lock statement parked while an operator requeued their DEAD version in the
+-- same moment (no sweeper need run for them to go).
+--   $1 int  rows at most
+-- Returns the number of rows made due.
+--
+-- Plan: one read and sort of the parked range (available_at 'infinity' among
+-- the unpublished rows: DEAD and parked rows), then a primary key probe per
+-- row; the rows are locked in primary key order, so relays running this at
+-- once wait for each other instead of deadlocking.
+WITH due AS (
+  UPDATE :table o
+  SET available_at = now(), last_error_code = NULL, last_error_message = NULL,
+      updated_at = clock_timestamp()
+  WHERE o.outbox_id = ANY (ARRAY(
+    SELECT inf.outbox_id
+    FROM (SELECT p.outbox_id, p.status, p.aggregate_version,
+                 min(p.aggregate_version) FILTER (
+                   WHERE p.status = 'DEAD' AND p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+                   OVER (PARTITION BY p.tenant_id, p.aggregate_type, p.aggregate_id) AS dead_v
+          FROM :table p
+          WHERE p.published_at IS NULL AND p.available_at = 'infinity') inf
+    WHERE inf.status IN ('PENDING', 'FAILED')
+      AND (inf.dead_v IS NULL OR inf.aggregate_version < inf.dead_v)
+    LIMIT $1))
+    AND o.published_at IS NULL AND o.available_at = 'infinity'
+    AND o.status IN ('PENDING', 'FAILED')
+  RETURNING 1)
+SELECT count(*) FROM due
