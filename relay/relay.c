@@ -840,6 +840,15 @@ static void read_failed(struct relay *r, struct batch *b, const struct db_result
                 if (w->stage != ROW_LOCKED || !w->asked)
                         continue;
                 int unreadable = decide_row_unreadable(db_result_sqlstate(res));
+                const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
+                if (!unreadable && p && (p->stage < ROW_SETTLED || p->mark != DECIDE_PUBLISHED)) {
+                        /* the version before it was not acknowledged, so this
+                         * one could not have gone yet: a failure that is not
+                         * its content's gives it back, its attempt not
+                         * counted, instead of spending an attempt it never had */
+                        batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
+                        return;
+                }
                 w->permanent = unreadable;
                 batch_settle(
                         b, i,
