@@ -94,7 +94,10 @@ def test_relay_locks_the_next_batch_while_publishing(db, kafka, tmp_path, report
     try:
         with kafka.paused():  # shorter than the delivery timeout: no attempt fails
             relay = Relay("outbox-relay", name="r-ahead", log_dir=tmp_path,
-                          env=relay_env(db, kafka, "r-ahead", OUTBOX_BATCH_SIZE=100))
+                          env=relay_env(db, kafka, "r-ahead", OUTBOX_BATCH_SIZE=100,
+                                        # queued before the producer has a broker:
+                                        # no timeout while the test holds it stopped
+                                        OUTBOX_KAFKA_DELIVERY_TIMEOUT_MS=30000))
             wait_until(lambda: held() == MAX_BATCHES * 100, 10, interval=0.02,
                        what="%d batches' rows held while the first is in flight" % MAX_BATCHES)
             time.sleep(0.5)  # would it lock more meanwhile?

@@ -31,9 +31,12 @@ def locks_by(db, relay_id):
                       " AND new_locked_by = %%s" % db.schema, (relay_id,))[0]["n"]
 
 
-def backends(db):
+def backends(db, relay_id):
+    """Sessions of relay `relay_id` (application_name outbox-relay:<connection>:<id>):
+    the modules running beside this one have relays on the same database."""
     return db.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = "
-                      "current_database() AND application_name LIKE 'outbox-relay:%%'")[0]["n"]
+                      "current_database() AND application_name LIKE %s",
+                      ("outbox-relay:%:" + relay_id,))[0]["n"]
 
 
 def test_sigkill_during_publishing(db, kafka, tmp_path, report):
@@ -66,7 +69,7 @@ def test_sigkill_during_publishing(db, kafka, tmp_path, report):
                 assert victim.kill() == -signal.SIGKILL
             # A statement the victim had sent still runs to its end (a mark may
             # commit after the kill): count what is left once its backends are gone.
-            wait_until(lambda: backends(db) == 0, 30, interval=0.02,
+            wait_until(lambda: backends(db, rid) == 0, 30, interval=0.02,
                        what="%s's backends gone" % rid)
             orphans = db.count("status = 'PUBLISHING' AND locked_by = %s", (rid,))
             kills.append((rid, delay, "hung" if hung else "up", locks_by(db, rid), orphans))

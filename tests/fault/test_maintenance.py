@@ -51,7 +51,11 @@ MAX_PAUSE_S = DB_LOCK_TIMEOUT_MS / 1000 + 1.5
 # Longest wait of a relay statement for a lock, as pg_stat_activity shows it
 # (the lock timeout, plus the polling's own granularity).
 MAX_LOCK_WAIT_S = DB_LOCK_TIMEOUT_MS / 1000 + 0.5
-HOLD_S = 20
+# The relay's statements back off 0.1 s doubling between attempts that each
+# wait DB_LOCK_TIMEOUT_MS: attempt 7 waits from 18.3 s to 20.3 s after the
+# lock, the next starts at 26.7 s. A release at 20 s (plus the loop's turn)
+# lands on that edge and may wait 6.4 s; 19 s lands inside attempt 7's wait.
+HOLD_S = 19
 # The index build waits for the test's old snapshot as long as the test keeps
 # it, so the backlog has this long to drain beside it: a stalled relay drains
 # nothing, a slow machine (tests run side by side) drains it later; how fast

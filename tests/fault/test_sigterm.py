@@ -47,8 +47,10 @@ def sigterm_in_flight(db, kafka, tmp_path, rid, relay=None, resume_after=None, p
 
 
 def locks_after(db, rid, when):
+    # by the locking statement's start (xact_ts), not by when its trigger ran
+    # (ts): a lock sent just before the signal may update its rows later
     return db.execute("SELECT count(*) AS n FROM %s.lock_audit WHERE new_status = 'PUBLISHING' "
-                      "AND new_locked_by = %%s AND ts > %%s" % db.schema,
+                      "AND new_locked_by = %%s AND xact_ts > %%s" % db.schema,
                       (rid, when + datetime.timedelta(seconds=0.1)))[0]["n"]
 
 
@@ -135,7 +137,13 @@ def check_failed_batch(db, relay, rc, took, held, sent, report, what):
     locked = sum(1 for oid in audit.locks if oid in d_rows)
     assert locked >= held
     assert len(failed) + len(released) == locked, (len(failed), len(released), locked, held)
-    assert all(r["last_error_code"] and r["available_at"] > r["updated_at"] for r in failed)
+    assert all(r["last_error_code"] for r in failed)
+    # the backoff counts from the marking transaction's start (now()), not from
+    # the row's updated_at (clock_timestamp(), later by the statement's time)
+    failed_ids = {r["outbox_id"] for r in failed}
+    marks = [a for a in audit.failed if str(a["outbox_id"]) in failed_ids]
+    assert len(marks) >= len(failed) and all(a["available_at"] > a["xact_ts"] for a in marks), \
+        marks[:3]
     report("%s: SIGTERM with %d rows held -> exit %d after %.2fs (delivery timeout "
            "%.1fs); %d FAILED (%s) with a future available_at, %d given back unattempted, "
            "0 PUBLISHING", what, held, rc, took, DELIVERY_TIMEOUT_MS / 1000, len(failed),

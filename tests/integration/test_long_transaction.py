@@ -12,10 +12,16 @@ Broker: Apache Kafka (tests/run's)."""
 import time
 
 from conftest import relay_env
+from fixtures import own_pg  # noqa: F401  (`pg`: a server of its own; the horizon is server-wide)
 from harness import Relay, free_port, make_events, read_topics, wait_until
 from observe import NEW_CORE, OtherDatabase, log_records, scrape
 
-HELD_S = 12  # how long the transaction stays open (longer than the relay's report needs)
+# The relay names the transaction at the first table sample (1 s after it
+# starts, then every 10 s) that finds it 10 s old: 10 to 20 s after it opened,
+# depending on where the warm-up ended against the first sample.
+SAMPLE_S = 10
+REPORT_BY_S = 2 * SAMPLE_S + 2
+HELD_S = REPORT_BY_S + SAMPLE_S  # one more sample after the report: "once" is checked
 
 
 @NEW_CORE
@@ -47,7 +53,7 @@ def test_long_transaction_in_another_database_is_named(db, pg, kafka, tmp_path, 
                             r.get("pid") == str(pid):
                         return r
                 return None
-            line = wait_until(named, HELD_S, interval=0.2,
+            line = wait_until(named, REPORT_BY_S, interval=0.2,
                               what="the warn line naming the transaction (pid %d)" % pid)
             assert line["level"] == "warn", line
             assert line.get("database") == other.name, line

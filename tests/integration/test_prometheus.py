@@ -392,7 +392,8 @@ def live(pg, mock_kafka, tmp_path_factory):
                    " SELECT 'Order', 'old-' || g, 1, 'E', '{}', 'PUBLISHED',"
                    " now() - interval '2 hours', now() - interval '3 hours',"
                    " now() - interval '3 hours' FROM generate_series(1, 5) g" % s)
-        wait_until(lambda: db.count("status = 'PUBLISHED'") == 21, 30,
+        wait_until(lambda: db.count("status = 'PUBLISHED' AND aggregate_id NOT LIKE 'old-%%'")
+                   == 21 and db.count("aggregate_id LIKE 'old-%%'") == 0, 30,
                    what="wave 1 + the stale-lock row PUBLISHED, old rows deleted")
         _wait_seen(prom, 'count(outbox_events_published_total%s) >= 2' % sel, 15,
                    "both topics' counters scraped")
