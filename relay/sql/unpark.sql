@@ -9,9 +9,11 @@
 -- Returns the number of rows made due.
 --
 -- Plan: one read and sort of the parked range (available_at 'infinity' among
--- the unpublished rows: DEAD and parked rows), then a primary key probe per
--- row; the rows are locked in primary key order, so relays running this at
--- once wait for each other instead of deadlocking.
+-- the unpublished rows: DEAD and parked rows, in the due index), then the
+-- update of the rows found, by primary key or over the parked range again.
+-- Relays running this at once with the same plan lock the rows in the same
+-- index order and wait for each other; a deadlock between two plans fails one
+-- statement, which the next sample runs again.
 WITH due AS (
   UPDATE :table o
   SET available_at = now(), last_error_code = NULL, last_error_message = NULL,

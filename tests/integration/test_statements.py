@@ -39,6 +39,7 @@ PARAMS = {
     "held": ["'{}'::bigint[]"],
     "horizon": [],
     "blockers": ["pg_backend_pid()"],
+    "unpark": ["10000"],
 }
 
 
