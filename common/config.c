@@ -127,9 +127,10 @@ static const struct opt opts[] = {
          "test hook: every mark statement pauses this long before it changes rows"},
         {"OUTBOX_TEST_REPLAY_PAUSE_MS", T_INT, "0", O(test_replay_pause_ms), CTL, 0, 3600000, NULL,
          "test hook: outboxctl replay pauses this long between a step's two halves"},
-        {"OUTBOX_TEST_FETCH_FAULT_VERSION", T_INT, "0", O(test_fetch_fault_version), RELAY, 0,
-         2147483647, NULL,
-         "test hook: a fetch of a row of this aggregate_version fails (division by zero); 0: "
+        {"OUTBOX_TEST_FETCH_FAULT_VERSION", T_INT, "0", O(test_fetch_fault_version), RELAY,
+         -2147483647, 2147483647, NULL,
+         "test hook: a fetch of a row of this aggregate_version fails (division by zero); of "
+         "version -N when negative, with an error that is not the row's (an unknown setting); 0: "
          "none"},
 #endif
 };

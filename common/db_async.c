@@ -177,7 +177,8 @@ static int flush(struct db *db) {
 /* The test hooks' markers in the statements, and what each stands for in
  * builds with test hooks when its setting is not 0 (nothing in other
  * builds): a predicate, true, that sleeps the setting's milliseconds or, on
- * a row `o` of the setting's version, fails. */
+ * a row `o` of the setting's version, fails (a data exception, 22012; for a
+ * negative setting -N, on version N, an unknown setting's 42704). */
 static const struct {
         const char *text;
         size_t off;
@@ -190,7 +191,10 @@ static const struct {
         {"/* test: sample pause */", offsetof(struct db_session, test_sample_delay_ms),
          " AND (SELECT true FROM pg_sleep(", " / 1000.0))"},
         {"/* test: fetch fault */", offsetof(struct db_session, test_fetch_fault_version),
-         " AND 1 / (o.aggregate_version - ", ") IS NOT NULL"},
+         " AND (SELECT CASE WHEN f.n > 0 THEN 1 / (o.aggregate_version - f.n)"
+         " WHEN o.aggregate_version = -f.n THEN current_setting('outbox.test_fetch_fault')::bigint"
+         " ELSE 1 END FROM (SELECT ",
+         "::bigint AS n) f) IS NOT NULL"},
 };
 
 /* The marker p starts with (its length into *len), or -1. */

@@ -155,3 +155,60 @@ def test_row_postgresql_cannot_read_goes_dead_alone(db, kafka, tmp_path, report)
     report("%s/%d DEAD INVALID_VALUE (%s); %d-%d held; %d other rows PUBLISHED, none DEAD;"
            " %d messages, order ok", BAD, FAULT_VERSION, dead[0]["last_error_message"][:60],
            FAULT_VERSION + 1, FAULT_VERSION + 2, len(table) - len(bad), len(kc.msgs))
+
+
+def test_row_whose_read_fails_otherwise_is_retried_then_dead(db, kafka, tmp_path, report):
+    """A row whose lone read keeps failing with an error that is not a data
+    exception (the test hook makes every fetch that reads a row of version
+    FAULT_VERSION fail with 42704, an unknown setting): READ_FAILED, retried
+    with backoff, DEAD once its attempts are used up; the version after it
+    spends none, nor does the row itself while the version before it was
+    still with Kafka, and nothing else is blamed."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    attempts = 3
+    healthy = make_events(aggregates=40, versions=FAULT_VERSION - 1, id_prefix="ok")
+    bad = [row(BAD, v) for v in range(1, FAULT_VERSION + 3)]
+    ids = db.insert_events(healthy + bad)
+    bad_ids = dict(zip(range(1, FAULT_VERSION + 3), ids[len(healthy):]))
+    env = relay_env(db, kafka, "r-readfail", OUTBOX_TEST_FETCH_FAULT_VERSION=-FAULT_VERSION,
+                    OUTBOX_MAX_ATTEMPTS=attempts)
+    with Relay("outbox-relay", name="r-readfail", log_dir=tmp_path, env=env) as relay:
+        wait_until(lambda: db.status_counts()["DEAD"] == 1 and
+                   db.status_counts()["PUBLISHED"] == len(healthy) + FAULT_VERSION - 1, 60,
+                   what="the row whose read fails DEAD, every row before it PUBLISHED")
+        assert relay.stop() == 0
+    dead = db.rows(where="status = 'DEAD'")
+    assert [(r["aggregate_id"], r["aggregate_version"]) for r in dead] == \
+        [(BAD, FAULT_VERSION)], dead
+    assert dead[0]["last_error_code"] == "READ_FAILED", dead[0]
+    assert "outbox.test_fetch_fault" in dead[0]["last_error_message"], dead[0]
+    assert dead[0]["attempt_count"] == attempts, dead[0]
+    assert "attempt %d of %d" % (attempts, attempts) in dead[0]["last_error_message"], dead[0]
+    held = db.rows(where="aggregate_id = %s AND aggregate_version > %s",
+                   params=(BAD, FAULT_VERSION))
+    assert all(r["attempt_count"] == 0 for r in held), held
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    # every FAILED or DEAD mark of the faulty version committed after the
+    # version before it was PUBLISHED
+    trail = db.execute("SELECT outbox_id::text AS id, new_status, xact_ts FROM %s.lock_audit"
+                       " WHERE outbox_id = ANY(%%s::uuid[]) ORDER BY seq" % db.schema,
+                       ([bad_ids[FAULT_VERSION - 1], bad_ids[FAULT_VERSION]],))
+    before = [t["xact_ts"] for t in trail
+              if t["id"] == bad_ids[FAULT_VERSION - 1] and t["new_status"] == "PUBLISHED"]
+    failed = [t["xact_ts"] for t in trail
+              if t["id"] == bad_ids[FAULT_VERSION] and t["new_status"] in ("FAILED", "DEAD")]
+    assert len(before) == 1 and len(failed) == attempts, trail
+    assert all(f > before[0] for f in failed), trail
+    table = db.rows()
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    on_kafka = {(header(m, "aggregate-id"), int(header(m, "aggregate-version"))) for m in kc.msgs}
+    assert not {(BAD, v) for v in range(FAULT_VERSION, FAULT_VERSION + 3)} & on_kafka
+    assert "a fetch failed: reading its rows one at a time" in relay.log_text()
+    report("%s/%d DEAD READ_FAILED after %d attempts (%s), each after %s/%d was PUBLISHED; "
+           "%d-%d held with 0 attempts; %d other rows PUBLISHED, none DEAD; %d messages, "
+           "order ok", BAD, FAULT_VERSION, attempts, dead[0]["last_error_message"][:60], BAD,
+           FAULT_VERSION - 1, FAULT_VERSION + 1, FAULT_VERSION + 2, len(table) - len(bad),
+           len(kc.msgs))
