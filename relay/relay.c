@@ -1357,6 +1357,12 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
                          db_result_value(res, k, 6));
 }
 
+/* Whether `task` is a step of the sampling chain (sample_next() sends the next). */
+static int in_sample_chain(enum side_task task) {
+        return task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD ||
+               task == SIDE_HORIZON || task == SIDE_UNPARK;
+}
+
 static void side_result(struct relay *r, struct db_result *res, double now) {
         enum side_task task = r->side_task;
         static const int stmt_of[] = {[SIDE_TAKE_BACK] = RELAY_SQL_TAKE_BACK_OWN,
@@ -1375,8 +1381,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
         if (!db_result_ok(res)) {
                 if (*db_result_sqlstate(res))
                         stmt_failed(r, C_SIDE, stmt, res, now);
-                if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD ||
-                    task == SIDE_HORIZON || task == SIDE_UNPARK)
+                if (in_sample_chain(task))
                         r->next_sample = now + SAMPLE_INTERVAL_S;
                 db_result_free(res);
                 return;
@@ -1418,8 +1423,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
         default: break;
         }
         db_result_free(res);
-        if (task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD || task == SIDE_HORIZON ||
-            task == SIDE_UNPARK)
+        if (in_sample_chain(task))
                 sample_next(r, task, now);
 }
 

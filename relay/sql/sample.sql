@@ -3,8 +3,8 @@
 -- Returns one row: PENDING, PUBLISHING, PUBLISHED (the statistics collector's
 -- live rows less the unpublished: an estimate), FAILED, DEAD, the age in
 -- seconds of the oldest PENDING or FAILED row, the versions parked behind a
--- DEAD one (by a relay's lock statement or the sweeper), and the aggregates a DEAD version holds (a
--- LATE_VERSION row holds none).
+-- DEAD one (by a relay's lock statement or the sweeper), and the aggregates a
+-- DEAD version holds (a LATE_VERSION row holds none).
 SELECT count(*) FILTER (WHERE o.status = 'PENDING')::float8,
        count(*) FILTER (WHERE o.status = 'PUBLISHING')::float8,
        greatest(coalesce((SELECT s.n_live_tup FROM pg_stat_user_tables s
