@@ -76,15 +76,23 @@ def create_topic(bootstrap, name, partitions=1, replication=1, config=None, time
         fut[name].result(timeout)
     except KafkaException as e:
         raise RuntimeError("creating topic %s: %s" % (name, e)) from None
+    # Each broker learns of the topic from the controller on its own time, and
+    # a client asks whichever broker it reaches first: wait until every one of
+    # the bootstrap brokers answers with every partition led and in full ISR.
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ls = leaders(bootstrap, name, extra=extra)
-        if len(ls) == partitions and all(lead >= 0 and len(isr) == replication
-                                         for lead, isr in ls.values()):
-            return
-        time.sleep(0.1)
-    raise RuntimeError("topic %s: partitions without a leader or full ISR after %.0fs"
-                       % (name, timeout))
+    for server in bootstrap.split(","):
+        while True:
+            try:
+                ls = leaders(server, name, timeout=2, extra=extra)
+            except KafkaException:
+                ls = {}
+            if len(ls) == partitions and all(lead >= 0 and len(isr) == replication
+                                             for lead, isr in ls.values()):
+                break
+            if time.monotonic() >= deadline:
+                raise RuntimeError("topic %s: broker %s lists partitions without a leader "
+                                   "or full ISR after %.0fs" % (name, server, timeout))
+            time.sleep(0.1)
 
 
 def main(argv=None):
