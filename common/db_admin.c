@@ -49,6 +49,16 @@ enum {
         " OR ($5::boolean AND ($6::text IS NULL OR last_error_code = $6)))"
 #define REQUEUE_DEAD "published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
 
+/* Row `a` has a place in its aggregate's order: every row but a DEAD
+ * LATE_VERSION one, which committed after a later version reached Kafka.
+ * Such a row holds nothing: the versions after it follow the version below
+ * it (docs/DESIGN.md, "Per-aggregate order"), as in relay/sql/lock.sql. */
+#define IN_ORDER(a)                                                                                \
+        "(" a ".status <> 'DEAD' OR " a ".last_error_code IS DISTINCT FROM 'LATE_VERSION')"
+#define D_IN_ORDER IN_ORDER("d")
+#define H_IN_ORDER IN_ORDER("h")
+#define P_IN_ORDER IN_ORDER("p")
+
 /* After `moved` (the requeued rows, or those a requeue would move), `free`:
  * the aggregates whose parked versions are due again, those with no DEAD
  * version left. `still` sees the statement's snapshot (moved rows still
@@ -57,8 +67,8 @@ enum {
         " aggs AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id FROM moved),"           \
         " still AS (SELECT DISTINCT tenant_id, aggregate_type, aggregate_id"                       \
         "  FROM %1$s d JOIN aggs a USING (tenant_id, aggregate_type, aggregate_id)"                \
-        "  WHERE d.published_at IS NULL AND d.status = 'DEAD'"                                     \
-        "  AND " REQUEUE_MATCH " IS NOT TRUE),"                                                    \
+        "  WHERE d.published_at IS NULL AND d.status = 'DEAD' AND " D_IN_ORDER                     \
+        " AND " REQUEUE_MATCH " IS NOT TRUE),"                                                     \
         " free AS (SELECT * FROM aggs EXCEPT SELECT * FROM still)"
 /* Row o is a version the sweeper parked behind a DEAD one, of an aggregate
  * in `free` (as f). */
@@ -68,11 +78,12 @@ enum {
         " AND o.available_at = 'infinity' AND o.status IN ('PENDING', 'FAILED')"                   \
         " AND o.last_error_code = 'BLOCKED'"
 
-/* The previous version of head `h`'s aggregate in the table, of any status. */
+/* The previous version of head `h`'s aggregate in the table, of any status
+ * but a late one (IN_ORDER). */
 #define HEAD_PREV                                                                                  \
         "(SELECT p.aggregate_version FROM %1$s p WHERE p.tenant_id = h.tenant_id"                  \
         " AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"             \
-        " AND p.aggregate_version < h.aggregate_version"                                           \
+        " AND p.aggregate_version < h.aggregate_version AND " P_IN_ORDER                           \
         " ORDER BY p.aggregate_version DESC LIMIT 1)"
 
 /* Version gaps, oldest first, at most $1: heads (lowest unpublished version
@@ -84,7 +95,8 @@ enum {
         "  WHERE h.published_at IS NULL AND h.status IN ('PENDING', 'FAILED')"                     \
         "  AND NOT EXISTS (SELECT 1 FROM %1$s p WHERE p.tenant_id = h.tenant_id"                   \
         "   AND p.aggregate_type = h.aggregate_type AND p.aggregate_id = h.aggregate_id"           \
-        "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version)"             \
+        "   AND p.published_at IS NULL AND p.aggregate_version < h.aggregate_version"              \
+        "   AND " P_IN_ORDER ")"                                                                   \
         "  ORDER BY h.tenant_id, h.aggregate_type, h.aggregate_id, h.aggregate_version) x"         \
         " WHERE prev < aggregate_version - 1 ORDER BY created_at LIMIT $1"
 
@@ -172,7 +184,7 @@ const struct db_stmt db_admin_stmts[A_COUNT] = {
                            "  h.aggregate_version AS v, " HEAD_PREV " AS prev FROM %1$s h"
                            "  WHERE h.tenant_id = $1 AND h.aggregate_type = $2"
                            "  AND h.aggregate_id = $3 AND h.published_at IS NULL"
-                           "  ORDER BY h.aggregate_version LIMIT 1),"
+                           "  AND " H_IN_ORDER " ORDER BY h.aggregate_version LIMIT 1),"
                            " ins AS (INSERT INTO %1$s (tenant_id, aggregate_type, aggregate_id,"
                            "  aggregate_version, event_type, status, published_at, attempt_count,"
                            "  last_error_code, last_error_message)"

@@ -1,7 +1,7 @@
 -- gaps: version gaps (docs/DESIGN.md, "Per-aggregate order"): among the
 -- oldest 10000 due rows inserted more than $1 s ago, the lowest of each
--- aggregate whose previous version in the table is published and below it
--- by more than one. Held rows stay due and old, so they are among the
+-- aggregate whose previous version in the table (a LATE_VERSION row is not
+-- in the order, as in lock.sql) is published and below it by more than one. Held rows stay due and old, so they are among the
 -- oldest; reading at most 10000 keeps the cost bounded whatever the backlog.
 --   $1 int  seconds a row must have waited
 --   $2 int  gaps returned at most, oldest first
@@ -31,6 +31,7 @@ probed AS (
     WHERE hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = l.k
       AND p.aggregate_version < l.v
+      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = l.tenant_id COLLATE "C"
       AND p.aggregate_type = l.aggregate_type COLLATE "C"
       AND p.aggregate_id = l.aggregate_id COLLATE "C"

@@ -70,19 +70,22 @@ aggregates AS (
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
   SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
-         prev.status AS prev_status, prev.code AS prev_code,
+         prev.status AS prev_status,
          next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
-  -- that version an unpublished one first
+  -- that version an unpublished one first. A LATE_VERSION row is not in the
+  -- order (a later version reached Kafka before it committed): the versions
+  -- above it follow the version below it, or count as the aggregate's first
   LEFT JOIN LATERAL (
     SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
-           p.available_at AS due, p.status, p.last_error_code AS code
+           p.available_at AS due, p.status
     FROM :table p
     WHERE r.head
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version < r.lo
+      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = r.tenant_id COLLATE "C"
       AND p.aggregate_type = r.aggregate_type COLLATE "C"
       AND p.aggregate_id = r.aggregate_id COLLATE "C"
@@ -135,7 +138,7 @@ decided AS (
   --               aggregate's rows move to its due time, behind it, so they
   --               do not fill the window while it waits, and the window,
   --               ordered by due time, reaches it
-  --   behind_dead the previous version is DEAD (not as a late version) or
+  --   behind_dead the previous version is DEAD (the probe skips late versions) or
   --               parked behind one: nothing of the aggregate can go before
   --               an operator acts, so its rows are parked as the sweeper
   --               parks them (docs/DESIGN.md, "The sweeper"), out of the
@@ -153,8 +156,8 @@ decided AS (
                                  AND d.prev_status <> 'PUBLISHING'
                                  AND d.prev_due > d.min_due AND d.prev_due < 'infinity')
            OVER a AS defer_to,
-         bool_or(d.head AND d.prev_published IS FALSE AND d.prev_due = 'infinity'
-                 AND d.prev_code IS DISTINCT FROM 'LATE_VERSION') OVER a AS behind_dead
+         bool_or(d.head AND d.prev_published IS FALSE AND d.prev_due = 'infinity')
+           OVER a AS behind_dead
   FROM probed d
   WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id)),
 chosen AS (

@@ -145,6 +145,65 @@ def test_versions_behind_a_dead_version_do_not_stall_the_table(db, kafka, tmp_pa
            unparked)
 
 
+LATE = ("status = 'DEAD' AND available_at = 'infinity' AND last_error_code = 'LATE_VERSION'"
+        " AND attempt_count = 1")
+
+
+def test_versions_above_a_late_version_are_not_held_by_it(db, kafka, tmp_path, report):
+    # A LATE_VERSION row holds nothing (its place in the order is lost), also
+    # once retention deleted the published versions around it: "gone" keeps
+    # only its late version 3, and 3 lock batches of versions above it are
+    # due before every other row. Were the late row taken as the previous
+    # version, they would wait for it for good, fill the lock window and stop
+    # the table. "held" keeps version 2: versions 3 (late) and 4 (deleted)
+    # are a gap before its version 5, which an operator sees and releases.
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    batch = 20
+    top = 5 + 3 * batch
+    ids = db.insert_events([row("gone", 3), row("held", 2), row("held", 3)])
+    db.execute("UPDATE %s SET status = 'DEAD', available_at = 'infinity', attempt_count = 1,"
+               " last_error_code = 'LATE_VERSION', last_error_message = 'version 3 committed"
+               " after version 4 was published' WHERE outbox_id = ANY(%%s::uuid[])"
+               % db.table, ([ids[0], ids[2]],))
+    db.execute("UPDATE %s SET status = 'PUBLISHED', published_at = now() WHERE outbox_id = %%s"
+               % db.table, (ids[1],))
+    db.insert_events([row("gone", v) for v in range(5, top)] + [row("held", 5)])
+    with Relay("outbox-relay", name="r-late", log_dir=tmp_path,
+               env=relay_env(db, kafka, "r-late", OUTBOX_BATCH_SIZE=batch)) as relay:
+        healthy = make_events(aggregates=10, versions=3, id_prefix="ok")
+        t0 = time.monotonic()
+        db.insert_events(healthy)
+        wait_until(lambda: db.count("status = 'PUBLISHED' AND aggregate_id LIKE 'ok%%'")
+                   == len(healthy) and
+                   db.count("status = 'PUBLISHED' AND aggregate_id = 'gone'") == top - 5, 30,
+                   what="gone/5..%d and the rows inserted after them PUBLISHED" % (top - 1))
+        took = time.monotonic() - t0
+        assert db.count(LATE) == 2
+        # held/5 waits for versions 3-4, listed as a gap; released, it goes.
+        listed = outboxctl(db, "gaps")
+        assert "Order/held" in listed and "3-4" in listed and "gone" not in listed, listed
+        released = outboxctl(db, "release-gap", "--aggregate", "Order/held")
+        assert released.strip().startswith("released 3-4"), released
+        wait_until(lambda: db.count("status = 'PUBLISHED' AND aggregate_id = 'held'") == 3, 30,
+                   what="held/5 PUBLISHED after the release")
+        assert relay.stop() == 0
+    table = db.rows()
+    assert db.count(LATE) == 2
+    # held/2 was PUBLISHED by hand and held/4 is the release's record: neither
+    # was sent
+    sent = [r for r in table if r["aggregate_id"] != "held" or r["aggregate_version"] == 5]
+    kc, problems = check_kafka(kafka, [topic], sent, dup_allowed=set())
+    assert not problems, problems
+    for agg, want in (("gone", list(range(5, top))), ("held", [5])):
+        got = [int(header(m, "aggregate-version")) for m in kc.msgs if m["key"] == agg]
+        assert got == want, (agg, got[:20])
+    report("versions 5..%d of an aggregate whose only other row is its LATE_VERSION version 3 "
+           "(%d lock batches, due first): on Kafka in order, and %d rows inserted after them "
+           "PUBLISHED %.1f s after their insert; a gap behind a late version listed and "
+           "released", top - 1, 3, len(healthy), took)
+
+
 def test_parked_versions_return_when_their_dead_version_is_gone(db, tmp_path):
     # No relay: the rows are set up by hand as a relay would leave them.
     ids = db.insert_events([row("gone", v) for v in (1, 2, 3)] +
@@ -185,6 +244,22 @@ def test_only_versions_with_no_dead_version_below_them_return(db, tmp_path):
     assert sweep(db, tmp_path, "sweeper-2") == (0, 1)  # two/2: nothing DEAD below it
     parked = db.rows(where=BLOCKED)
     assert [r["aggregate_version"] for r in parked] == [4]
+
+
+def test_a_late_version_does_not_keep_parked_versions_parked(db, tmp_path):
+    # mix/1 is LATE_VERSION (it holds nothing), mix/2 DEAD for its content:
+    # the sweeper parks mix/3 behind mix/2, and requeueing mix/2 frees it.
+    ids = db.insert_events([row("mix", v) for v in (1, 2, 3)])
+    for i, code in ((0, "LATE_VERSION"), (1, "INVALID_HEADERS")):
+        db.execute("UPDATE %s SET status = 'DEAD', available_at = 'infinity',"
+                   " last_error_code = %%s, attempt_count = 1 WHERE outbox_id = %%s"
+                   % db.table, (code, ids[i]))
+    assert sweep(db, tmp_path, "sweeper-1") == (1, 0)
+    out = outboxctl(db, "requeue", "--id", ids[1])
+    assert out.strip() == "requeued 1 row(s), 1 parked version(s) due again", out
+    due = db.rows(where="available_at <= now() AND status = 'PENDING'")
+    assert sorted(r["aggregate_version"] for r in due) == [2, 3], due
+    assert db.count(BLOCKED) == 0
 
 
 def test_a_table_without_the_003_check_still_gets_its_retention(db, tmp_path):
