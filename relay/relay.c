@@ -179,6 +179,10 @@ struct relay {
         long long parked_unlogged; /* versions this relay parked, not yet logged */
         double parked_logged_at;
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
+        /* times a take-back was wanted, and that count when the last one
+         * was sent: a want that comes while one runs (a lock answer lost
+         * meanwhile, whose rows are newer than its connection) outlives it */
+        unsigned take_back_asks, take_back_sent;
         double next_sample, sample_started;
         int sample_slow;
         long long gap_keys[GAP_LOG_MAX], gap_held[GAP_LOG_MAX]; /* gaps: keys, held versions */
@@ -278,6 +282,13 @@ static int stmt_may_run(const struct relay *r, int stmt, double now) {
         return now >= r->stmts[stmt].retry_at;
 }
 
+/* Rows may be PUBLISHING under this relay id that no batch has: the side
+ * connection takes them back once the lock connection is up. */
+static void want_take_back(struct relay *r) {
+        r->take_back_wanted = 1;
+        r->take_back_asks++;
+}
+
 /* ---- connections ------------------------------------------------------ */
 
 static void lock_result(struct relay *r, struct db_result *res, double now);
@@ -348,7 +359,7 @@ static void pump(struct relay *r, int c, double now) {
                         /* rows may be PUBLISHING under this relay id from
                          * before this connection: an earlier process's, or a
                          * lock whose answer a lost connection took */
-                        r->take_back_wanted = 1;
+                        want_take_back(r);
                         r->lock_wanted = 1;
                 }
         } else if (ev == DB_EV_RESULT) {
@@ -774,7 +785,7 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
                 if (!*db_result_sqlstate(res)) {
                         /* the connection broke before the answer: the
                          * statement may have locked rows nobody has */
-                        r->take_back_wanted = 1;
+                        want_take_back(r);
                 } else {
                         stmt_failed(r, C_LOCK, r->lock_stmt, res, now);
                 }
@@ -812,7 +823,7 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         if (!b) {
                 log_error("relay", "out of memory for a batch: its rows go back to the sweeper",
                           "rows=%d", n);
-                r->take_back_wanted = 1;
+                want_take_back(r);
                 return;
         }
         if (r->last)
@@ -1200,6 +1211,7 @@ static void side_work(struct relay *r, double now) {
                 snprintf(limit, sizeof limit, "%d", TAKE_BACK_LIMIT);
                 const char *params[4] = {r->cfg->relay_id, db_async_connected_at(lockdb), attempts,
                                          limit};
+                r->take_back_sent = r->take_back_asks;
                 side_send(r, SIDE_TAKE_BACK, RELAY_SQL_TAKE_BACK_OWN, 4, params, now);
                 return;
         }
@@ -1394,7 +1406,8 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                 if (n)
                         log_warn("relay", "took back rows locked under this relay id",
                                  "rows=%lld dead=%lld", n, dead);
-                r->take_back_wanted = n >= TAKE_BACK_LIMIT;
+                r->take_back_wanted =
+                        n >= TAKE_BACK_LIMIT || r->take_back_asks != r->take_back_sent;
                 if (n)
                         r->lock_wanted = 1;
                 break;
