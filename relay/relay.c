@@ -47,8 +47,11 @@
 /* Outcomes wait this long for others to share their mark statement. */
 #define MARK_LINGER_S 0.002
 /* After a lock that did not fill its batch, the next waits at least this
- * long (and for a reason: a NOTIFY, a mark, the poll interval). */
-#define LOCK_AGAIN_S 0.005
+ * long (and for a reason: a NOTIFY, a mark, the poll interval). At low rates
+ * it is part of every event's latency (half of it on average); shorter, each
+ * lock statement finds fewer rows. 2 ms against 5: p99 at 1000 events/s
+ * 12.9 against 16.3 ms, PostgreSQL CPU per event in a burst within 4 %. */
+#define LOCK_AGAIN_S 0.002
 /* librdkafka may report a message's timeout up to about a second late, and
  * does not time out messages sent just before every broker went away until
  * it reconnects: past the delivery timeout plus this, the producer's
