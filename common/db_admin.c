@@ -190,8 +190,8 @@ const struct db_stmt db_admin_stmts[A_COUNT] = {
                            "  last_error_code, last_error_message)"
                            "  SELECT tenant_id, aggregate_type, aggregate_id, v - 1,"
                            "  'outbox.gap-released', 'PUBLISHED', now(), 0, 'GAP_RELEASED',"
-                           "  'versions ' || (prev + 1) || '-' || (v - 1)"
-                           "  || ' never committed; released by an operator, not sent'"
+                           "  'versions ' || (prev + 1) || '-' || (v - 1) || ' missing"
+                           " (never committed, or late); released by an operator, not sent'"
                            "  FROM head WHERE prev < v - 1 RETURNING aggregate_version)"
                            " SELECT h.prev + 1, h.v - 1 FROM head h, ins"},
 };
