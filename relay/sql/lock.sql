@@ -10,7 +10,7 @@
 --                whose later versions the guard would hold at the window's
 --                head; the row's key is computed once and compared to each
 -- Returns the rows it locked: ctid after the lock, outbox_id, attempt_count,
--- late_after (a published version above the row's run: the row goes DEAD
+-- late_after (a published version above the row: the row goes DEAD
 -- unsent), the aggregate and version, size (what the row weighs as stored:
 -- the fetch measures its text), the aggregate's key; and the rows it moved
 -- back or parked (deferred true, see below; parked true for the latter),
@@ -71,7 +71,8 @@ aggregates AS (
 probed AS (
   SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
          prev.status AS prev_status,
-         next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished
+         next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished,
+         inside.published_v AS published_v
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
   -- that version an unpublished one first. A LATE_VERSION row is not in the
@@ -94,7 +95,7 @@ probed AS (
              p.aggregate_version DESC, (p.published_at IS NULL) DESC
     LIMIT 1) prev ON true
   -- the aggregate's lowest version above the window's highest; among rows of
-  -- that version a published one first
+  -- that version a published one first; LATE_VERSION rows skipped, as above
   LEFT JOIN LATERAL (
     SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
     FROM :table p
@@ -102,6 +103,7 @@ probed AS (
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version > r.hi
+      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = r.tenant_id COLLATE "C"
       AND p.aggregate_type = r.aggregate_type COLLATE "C"
       AND p.aggregate_id = r.aggregate_id COLLATE "C"
@@ -110,11 +112,15 @@ probed AS (
              p.aggregate_version, (p.published_at IS NULL)
     LIMIT 1) next ON true
   -- with several rows in the window: the unpublished rows between its lowest
-  -- and highest version, to tell whether the window holds them all (counted
-  -- in the scan, not filtered: a filter on published_at would let the
-  -- planner choose the due index by its statistics)
+  -- and highest version, to tell whether the window holds them all, and the
+  -- highest version above the lowest that is published already (the window's
+  -- rows below it are late: a requeued late version, a version that came
+  -- after a gap release); counted in the scan, not filtered: a filter on
+  -- published_at would let the planner choose the due index by its statistics
   LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE p.published_at IS NULL) AS n
+    SELECT count(*) FILTER (WHERE p.published_at IS NULL) AS n,
+           max(p.aggregate_version) FILTER (WHERE p.published_at IS NOT NULL
+                                            AND p.aggregate_version > r.lo) AS published_v
     FROM :table p
     WHERE r.head AND r.n > 1
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
@@ -125,7 +131,8 @@ probed AS (
       AND p.aggregate_id = r.aggregate_id COLLATE "C") inside ON true),
 decided AS (
   -- what the head's probes say, for every row of the aggregate:
-  --   late_after  a version above the window is published already
+  --   next_late   a version above the window is published already
+  --   published_v a version inside the window's range is published already
   --   go          aggregate: the lowest version follows the aggregate's
   --               previous one (published, one below), or there is none and
   --               it is version 1 or every older transaction has ended;
@@ -145,7 +152,8 @@ decided AS (
   --               window, which they would otherwise fill, however many
   --               they are
   SELECT d.tid, d.v, d.lo, d.k,
-         max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS late_after,
+         max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS next_late,
+         max(d.published_v) FILTER (WHERE d.head) OVER a AS published_v,
          bool_or(d.head AND CASE WHEN $5 = 'aggregate' THEN
            (d.prev_v IS NULL
             AND (d.lo = 1 OR d.txid IS NULL OR d.txid < (SELECT xmin FROM horizon)))
@@ -161,19 +169,24 @@ decided AS (
   FROM probed d
   WINDOW a AS (PARTITION BY d.k, d.tenant_id, d.aggregate_type, d.aggregate_id)),
 chosen AS (
-  -- Rows of a late aggregate are locked to go DEAD unsent; otherwise an
-  -- aggregate's rows go when its lowest version may, all of them when the
-  -- window holds its whole range, else the lowest version's only (the relay
-  -- sends a run's versions one after the other, each once the one before it
-  -- was acknowledged, and gives back what follows a hole in the run); or
-  -- they are deferred, or parked
-  SELECT c.tid, c.k, c.late_after,
-         c.late_after IS NULL AND NOT c.go AND (c.defer_to IS NOT NULL OR c.behind_dead)
-           AS deferred,
-         c.late_after IS NULL AND NOT c.go AND c.behind_dead AS parked, c.defer_to
+  -- Late rows (below a published version) are locked to go DEAD unsent, and
+  -- with a published version inside the range the aggregate's other rows
+  -- wait for the next lock (the late ones out of the way, the guard decides
+  -- on them as usual); otherwise an aggregate's rows go when its lowest
+  -- version may, all of them when the window holds its whole range, else the
+  -- lowest version's only (the relay sends a run's versions one after the
+  -- other, each once the one before it was acknowledged, and gives back what
+  -- follows a hole in the run); or they are deferred, or parked
+  SELECT c.tid, c.k,
+         CASE WHEN c.v < c.published_v THEN c.published_v ELSE c.next_late END AS late_after,
+         c.next_late IS NULL AND c.published_v IS NULL AND NOT c.go
+           AND (c.defer_to IS NOT NULL OR c.behind_dead) AS deferred,
+         c.next_late IS NULL AND c.published_v IS NULL AND NOT c.go AND c.behind_dead AS parked,
+         c.defer_to
   FROM decided c
-  WHERE c.late_after IS NOT NULL OR (c.go AND (c.all_in OR c.v = c.lo))
-     OR c.defer_to IS NOT NULL OR c.behind_dead)
+  WHERE c.next_late IS NOT NULL OR c.v < c.published_v
+     OR (c.published_v IS NULL
+         AND ((c.go AND (c.all_in OR c.v = c.lo)) OR c.defer_to IS NOT NULL OR c.behind_dead)))
 UPDATE :table o
 SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
     locked_by = CASE WHEN c.deferred THEN o.locked_by ELSE $1 END,

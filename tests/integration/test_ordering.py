@@ -166,6 +166,39 @@ def test_late_version_goes_dead_and_holds_nothing(db, kafka, tmp_path):
     assert seen == [1, 2, 3]
 
 
+def test_a_version_below_a_published_one_goes_dead_whatever_lies_between(db, kafka, tmp_path):
+    # Set up by hand as the table can come to be, before any relay runs:
+    # - req: versions 1, 2 and 4-10 PUBLISHED; its late version 3 requeued by
+    #   an operator (PENDING again); 11-15 committed since. One lock window
+    #   holds 3 and 11-15, and the published 4-10 lie inside its range.
+    # - hid: its late version 3 DEAD (LATE_VERSION), 4 PUBLISHED (the rows
+    #   below deleted by retention), and version 2 committed only now: the
+    #   lowest version above it is the late one, the published one above that.
+    # Neither may reach Kafka after the versions published above it: both go
+    # DEAD as late, and req 11-15 go, in order.
+    published = [v for v in range(1, 11) if v != 3]
+    db.insert_events([row("req", v) for v in range(1, 16)] + [row("hid", 3), row("hid", 4)])
+    db.execute("UPDATE %s SET status = 'PUBLISHED', published_at = now()"
+               " WHERE (aggregate_id = 'req' AND aggregate_version = ANY(%%s))"
+               " OR (aggregate_id = 'hid' AND aggregate_version = 4)" % db.table, (published,))
+    db.execute("UPDATE %s SET status = 'DEAD', available_at = 'infinity', attempt_count = 1,"
+               " last_error_code = 'LATE_VERSION', last_error_message = 'version 3 committed"
+               " after version 5 was published'"
+               " WHERE aggregate_id = 'hid' AND aggregate_version = 3" % db.table)
+    db.insert_events([row("hid", 2)])
+    with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
+        wait_until(lambda: status(db, "req", 15) == "PUBLISHED" and status(db, "req", 3) == "DEAD"
+                   and status(db, "hid", 2) == "DEAD", 30,
+                   what="req 11-15 PUBLISHED, req/3 and hid/2 DEAD")
+        assert relay.stop() == 0
+    for agg, v, above in (("req", 3, 10), ("hid", 2, 4)):
+        (r,) = db.rows(where="aggregate_id = %s AND aggregate_version = %s", params=(agg, v))
+        assert r["last_error_code"] == "LATE_VERSION", r
+        assert "after version %d was published" % above in r["last_error_message"], r
+    assert versions_on_kafka(db, kafka, "req")[0] == list(range(11, 16))
+    assert versions_on_kafka(db, kafka, "hid")[0] == []
+
+
 def scrape(addr):
     with urllib.request.urlopen("http://%s/metrics" % addr, timeout=5) as r:
         return r.read().decode()
