@@ -1,8 +1,9 @@
 -- gaps: version gaps (docs/DESIGN.md, "Per-aggregate order"): among the
 -- oldest 10000 due rows inserted more than $1 s ago, the lowest of each
 -- aggregate whose previous version in the table (a LATE_VERSION row is not
--- in the order, as in lock.sql) is published and below it by more than one. Held rows stay due and old, so they are among the
--- oldest; reading at most 10000 keeps the cost bounded whatever the backlog.
+-- in the order, as in lock.sql) is published and below it by more than one.
+-- Held rows stay due and old, so they are among the oldest; reading at most
+-- 10000 keeps the cost bounded whatever the backlog.
 --   $1 int  seconds a row must have waited
 --   $2 int  gaps returned at most, oldest first
 -- Returns per gap: tenant_id, aggregate_type, aggregate_id, the held version,
