@@ -49,12 +49,14 @@ enum {
         " OR ($5::boolean AND ($6::text IS NULL OR last_error_code = $6)))"
 #define REQUEUE_DEAD "published_at IS NULL AND status = 'DEAD' AND " REQUEUE_MATCH
 
-/* Row `a` has a place in its aggregate's order: every row but a DEAD
- * LATE_VERSION one, which committed after a later version reached Kafka.
- * Such a row holds nothing: the versions after it follow the version below
- * it (docs/DESIGN.md, "Per-aggregate order"), as in relay/sql/lock.sql. */
+/* Row `a` has a place in its aggregate's order: every row but a LATE_VERSION
+ * one, DEAD or locked to go DEAD, which committed after a later version
+ * reached Kafka. Such a row holds nothing: the versions after it follow the
+ * version below it (docs/DESIGN.md, "Per-aggregate order"), as in
+ * relay/sql/lock.sql. */
 #define IN_ORDER(a)                                                                                \
-        "(" a ".status <> 'DEAD' OR " a ".last_error_code IS DISTINCT FROM 'LATE_VERSION')"
+        "(" a ".status NOT IN ('DEAD', 'PUBLISHING') OR " a                                        \
+        ".last_error_code IS DISTINCT FROM 'LATE_VERSION')"
 #define D_IN_ORDER IN_ORDER("d")
 #define H_IN_ORDER IN_ORDER("h")
 #define P_IN_ORDER IN_ORDER("p")

@@ -32,7 +32,8 @@ probed AS (
     WHERE hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = l.k
       AND p.aggregate_version < l.v
-      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+      AND (p.status NOT IN ('DEAD', 'PUBLISHING')
+           OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = l.tenant_id COLLATE "C"
       AND p.aggregate_type = l.aggregate_type COLLATE "C"
       AND p.aggregate_id = l.aggregate_id COLLATE "C"

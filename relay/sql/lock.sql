@@ -75,9 +75,10 @@ probed AS (
          inside.published_v AS published_v
   FROM aggregates r
   -- the aggregate's highest version below the window's lowest; among rows of
-  -- that version an unpublished one first. A LATE_VERSION row is not in the
-  -- order (a later version reached Kafka before it committed): the versions
-  -- above it follow the version below it, or count as the aggregate's first
+  -- that version an unpublished one first. A LATE_VERSION row, DEAD or
+  -- locked to go DEAD (see the update), is not in the order (a later version
+  -- reached Kafka before it committed): the versions above it follow the
+  -- version below it, or count as the aggregate's first
   LEFT JOIN LATERAL (
     SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
            p.available_at AS due, p.status
@@ -86,7 +87,8 @@ probed AS (
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version < r.lo
-      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+      AND (p.status NOT IN ('DEAD', 'PUBLISHING')
+           OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = r.tenant_id COLLATE "C"
       AND p.aggregate_type = r.aggregate_type COLLATE "C"
       AND p.aggregate_id = r.aggregate_id COLLATE "C"
@@ -103,7 +105,8 @@ probed AS (
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version > r.hi
-      AND (p.status <> 'DEAD' OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+      AND (p.status NOT IN ('DEAD', 'PUBLISHING')
+           OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = r.tenant_id COLLATE "C"
       AND p.aggregate_type = r.aggregate_type COLLATE "C"
       AND p.aggregate_id = r.aggregate_id COLLATE "C"
@@ -195,10 +198,23 @@ SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
     available_at = CASE WHEN c.parked THEN 'infinity'::timestamptz
                         WHEN c.deferred THEN greatest(o.available_at, c.defer_to)
                         ELSE o.available_at END,
-    last_error_code = CASE WHEN c.parked THEN 'BLOCKED' ELSE o.last_error_code END,
+    -- a late row carries its code from its lock on, so that the probes of
+    -- other lock statements skip it while it is in flight to DEAD: the
+    -- published version above it stays in their sight. A row locked to be
+    -- sent loses the code a requeue left on it (it is no longer late).
+    last_error_code = CASE WHEN c.parked THEN 'BLOCKED'
+                           WHEN c.deferred THEN o.last_error_code
+                           WHEN c.late_after IS NOT NULL THEN 'LATE_VERSION'
+                           WHEN o.last_error_code = 'LATE_VERSION' THEN NULL
+                           ELSE o.last_error_code END,
     last_error_message = CASE WHEN c.parked
       THEN 'parked behind a DEAD version of its aggregate (due again when that is requeued, '
            'published or deleted)'
+      WHEN c.deferred THEN o.last_error_message
+      WHEN c.late_after IS NOT NULL
+      THEN 'version ' || o.aggregate_version || ' committed after version ' || c.late_after
+           || ' was published: locked to go DEAD unsent'
+      WHEN o.last_error_code = 'LATE_VERSION' THEN NULL
       ELSE o.last_error_message END,
     attempt_count = CASE WHEN c.deferred OR o.attempt_count = 2147483647 THEN o.attempt_count
                          ELSE o.attempt_count + 1 END,

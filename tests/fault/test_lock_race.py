@@ -9,8 +9,8 @@ statement between its start and its row locks, so the test can change the row
 in that window every time.
 
 Broker: Apache Kafka (tests/run's)."""
-from conftest import check_audit, check_kafka, relay_env, wait_quiet
-from harness import Relay, make_events, wait_until
+from conftest import KafkaCheck, check_audit, check_kafka, relay_env, wait_quiet
+from harness import Relay, make_events, read_topics, wait_until
 
 PAUSED = ("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
           " AND query LIKE '/* relay: lock%%' AND query LIKE %s")
@@ -84,3 +84,53 @@ def test_a_lock_ages_from_its_statement_start(db, kafka, tmp_path, report):
     report("lock statements of 12 s, produce deadline 11 s: the %d rows locked given back "
            "unattempted (%d releases), none produced", len(rows),
            audit.releases[("relay", "RELEASED")])
+
+
+def test_a_version_below_one_locked_as_late_is_late_too(db, kafka, tmp_path, report):
+    """Versions 2 and 5 of `lt` are published (3 and 4 were missing when a gap
+    release let 5 go). Version 4 commits: relay r-slow locks it to go DEAD
+    unsent as late, and its DEAD mark waits 5 s (OUTBOX_TEST_MARK_DELAY_MS), so
+    4 stays PUBLISHING. Version 3 commits meanwhile: the lowest version above it
+    is 4, in flight to DEAD, and above that 5, published. 3 is late too, and
+    must not reach Kafka after 5, whichever relay locks it (r-slow, or r-fast,
+    which marks without delay)."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 2)
+
+    def event(agg, v):
+        return {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": v,
+                "event_type": "Changed", "payload_json": {"v": v}}
+
+    def status(v):
+        return db.execute("SELECT status FROM %s WHERE aggregate_id = 'lt'"
+                          " AND aggregate_version = %%s" % db.table, (v,))[0]["status"]
+
+    db.insert_events([event("lt", 2), event("lt", 5)])
+    # published by hand: the operator's doing, as the audit sees it
+    db.execute("SET outbox.actor = 'operator'; UPDATE %s SET status = 'PUBLISHED',"
+               " published_at = now(); RESET outbox.actor" % db.table)
+    slow_env = relay_env(db, kafka, "r-slow", OUTBOX_TEST_MARK_DELAY_MS=5000)
+    with Relay("outbox-relay", name="r-slow", log_dir=tmp_path, env=slow_env) as slow:
+        db.insert_events([event("lt", 4)])
+        wait_until(lambda: status(4) == "PUBLISHING", 30,
+                   what="version 4 locked to go DEAD (its mark paused)")
+        with Relay("outbox-relay", name="r-fast", log_dir=tmp_path,
+                   env=relay_env(db, kafka, "r-fast")) as fast:
+            late = db.insert_events([event("lt", 3)])
+            calm = db.insert_events([event("calm", 1), event("calm", 2)])
+            counts = wait_quiet(db, 30, "every row final")
+            assert fast.stop() == 0
+        assert slow.stop() == 0
+    rows = {(r["aggregate_id"], r["aggregate_version"]): r for r in db.rows()}
+    for v, above in ((3, 5), (4, 5)):
+        r = rows[("lt", v)]
+        assert (r["status"], r["last_error_code"]) == ("DEAD", "LATE_VERSION"), r
+        assert "after version %d was published" % above in r["last_error_message"], r
+    assert counts["PUBLISHED"] == 4 and counts["DEAD"] == 2, counts
+    sent = KafkaCheck(read_topics(kafka.bootstrap, topics=[topic])).ids
+    assert not set(late) & set(sent), "late version 3 reached Kafka after version 5"
+    assert sorted(sent) == sorted(calm), sent
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    report("version 3 committed while version 4 was in flight to DEAD as late, with 5 "
+           "published: 3 went DEAD as late too, never to Kafka")
