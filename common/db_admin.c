@@ -287,10 +287,20 @@ enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_HOLD, R_RELEASE, R_U
  *   late:    PUBLISHED -> PENDING, due now, attempts reset;
  *   touched: a new row version, nothing changed (a lock statement older than
  *            it passes the row by). */
+/* A row held or sent carries no LATE_VERSION code: the guard takes a
+ * PUBLISHING row with that code for one locked to go DEAD unsent, out of the
+ * order (relay/sql/lock.sql), and a held row must count as unpublished. A
+ * PUBLISHED row can carry the code (published by hand); ctl_held keeps it
+ * for the undo. */
+#define NOT_LATE_NOW                                                                               \
+        " last_error_code = NULLIF(o.last_error_code, 'LATE_VERSION'),"                            \
+        " last_error_message = CASE WHEN o.last_error_code = 'LATE_VERSION' THEN NULL"             \
+        "  ELSE o.last_error_message END"
 #define REPLAY_HOLD_ROWS(rows)                                                                     \
         " held AS (UPDATE %1$s o SET status = 'PUBLISHING', published_at = NULL,"                  \
         "  available_at = now(), attempt_count = 0, locked_by = " REPLAY_HOLDER ","                \
-        "  locked_at = now(), updated_at = clock_timestamp() WHERE o.outbox_id = ANY (ARRAY("      \
+        "  locked_at = now(), updated_at = clock_timestamp()," NOT_LATE_NOW                        \
+        "  WHERE o.outbox_id = ANY (ARRAY("                                                        \
         "  SELECT outbox_id FROM cls WHERE " rows ")) AND o.status = 'PUBLISHED'"                  \
         "  RETURNING o.outbox_id),"
 #define REPLAY_DUE_ROWS(rows)                                                                      \

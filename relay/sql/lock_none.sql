@@ -18,6 +18,11 @@ UPDATE :table o
 SET status = 'PUBLISHING', locked_by = $1, locked_at = now(), last_attempt_at = now(),
     attempt_count = CASE WHEN o.attempt_count < 2147483647 THEN o.attempt_count + 1
                          ELSE o.attempt_count END,
+    -- a requeued late row loses its code when sent: lock.sql's guard takes a
+    -- PUBLISHING row with the code for one on its way to DEAD
+    last_error_code = NULLIF(o.last_error_code, 'LATE_VERSION'),
+    last_error_message = CASE WHEN o.last_error_code = 'LATE_VERSION' THEN NULL
+                              ELSE o.last_error_message END,
     updated_at = clock_timestamp()
 FROM window_rows c
 WHERE o.ctid = c.tid
