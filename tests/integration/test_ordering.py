@@ -220,6 +220,9 @@ def test_a_requeued_late_version_no_longer_late_is_sent_without_its_code(db, kaf
         ("PUBLISHED", None, None), r
     if ordering == "aggregate":
         assert versions_on_kafka(db, kafka, "req")[0] == [1, 2]
+    else:  # no order promised: both there
+        msgs = read_topics(kafka.bootstrap, topics=["%s.Order" % db.schema])
+        assert sorted(int(header(m, "aggregate-version")) for m in msgs) == [1, 2], msgs
 
 
 def scrape(addr):
