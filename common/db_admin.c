@@ -275,10 +275,20 @@ enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_HOLD, R_RELEASE, R_U
 /* The lock holder a replay's held rows name (locked_by). */
 #define REPLAY_HOLDER "'outboxctl replay'"
 
+/* A held row carries no LATE_VERSION code, as a row a relay sends: the guard
+ * takes a PUBLISHING row with that code for one locked to go DEAD unsent, out
+ * of the order (relay/sql/lock.sql), and a held row must count as
+ * unpublished. A PUBLISHED row can carry the code (published by hand);
+ * ctl_held keeps it for the undo. */
+#define NOT_LATE_NOW                                                                               \
+        " last_error_code = NULLIF(o.last_error_code, 'LATE_VERSION'),"                            \
+        " last_error_message = CASE WHEN o.last_error_code = 'LATE_VERSION' THEN NULL"             \
+        "  ELSE o.last_error_message END"
+
 /* The moves of a replay's steps, by primary key (an array, not a join a
  * misestimate could turn into a table scan), each `rows` of cls:
  *   held:    PUBLISHED -> PUBLISHING, held by REPLAY_HOLDER (no relay locks
- *            it; to the guard it is unpublished), attempts reset,
+ *            it; to the guard it is unpublished: NOT_LATE_NOW), attempts reset,
  *            published_at NULL as the table's CHECK wants for a row not
  *            PUBLISHED, due now (a real time, as the CHECK wants for
  *            PUBLISHING);
@@ -287,15 +297,6 @@ enum { R_SELECT_AGG, R_SELECT_WINDOW, R_PLAN, R_EXAMPLES, R_HOLD, R_RELEASE, R_U
  *   late:    PUBLISHED -> PENDING, due now, attempts reset;
  *   touched: a new row version, nothing changed (a lock statement older than
  *            it passes the row by). */
-/* A row held or sent carries no LATE_VERSION code: the guard takes a
- * PUBLISHING row with that code for one locked to go DEAD unsent, out of the
- * order (relay/sql/lock.sql), and a held row must count as unpublished. A
- * PUBLISHED row can carry the code (published by hand); ctl_held keeps it
- * for the undo. */
-#define NOT_LATE_NOW                                                                               \
-        " last_error_code = NULLIF(o.last_error_code, 'LATE_VERSION'),"                            \
-        " last_error_message = CASE WHEN o.last_error_code = 'LATE_VERSION' THEN NULL"             \
-        "  ELSE o.last_error_message END"
 #define REPLAY_HOLD_ROWS(rows)                                                                     \
         " held AS (UPDATE %1$s o SET status = 'PUBLISHING', published_at = NULL,"                  \
         "  available_at = now(), attempt_count = 0, locked_by = " REPLAY_HOLDER ","                \
