@@ -24,26 +24,40 @@ lowest AS (
   FROM candidates c
   ORDER BY c.k, c.tenant_id, c.aggregate_type, c.aggregate_id, c.v),
 probed AS (
-  SELECT l.*, prev.v AS prev_v, prev.published
+  -- the highest published version below the lowest, and whether an
+  -- unpublished version (not a late one) lies between them: then the lowest
+  -- waits for that one, not for a gap
+  SELECT l.*, prev.v AS prev_v
   FROM lowest l
-  LEFT JOIN LATERAL (
-    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
+  CROSS JOIN LATERAL (
+    SELECT p.aggregate_version AS v
     FROM :table p
-    WHERE hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+    WHERE p.published_at IS NOT NULL
+      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = l.k
       AND p.aggregate_version < l.v
-      AND (p.status NOT IN ('DEAD', 'PUBLISHING')
-           OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = l.tenant_id COLLATE "C"
       AND p.aggregate_type = l.aggregate_type COLLATE "C"
       AND p.aggregate_id = l.aggregate_id COLLATE "C"
     ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
                hashtextextended(p.tenant_id, 0))) DESC,
-             p.aggregate_version DESC, (p.published_at IS NULL) DESC
-    LIMIT 1) prev ON true)
+             p.aggregate_version DESC
+    LIMIT 1) prev
+  WHERE prev.v + 1 < l.v
+    AND NOT EXISTS (
+      SELECT 1
+      FROM :table p
+      WHERE p.published_at IS NULL
+        AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+              hashtextextended(p.tenant_id, 0))) = l.k
+        AND p.aggregate_version < l.v AND p.aggregate_version >= prev.v
+        AND (p.status NOT IN ('DEAD', 'PUBLISHING')
+             OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+        AND p.tenant_id = l.tenant_id COLLATE "C"
+        AND p.aggregate_type = l.aggregate_type COLLATE "C"
+        AND p.aggregate_id = l.aggregate_id COLLATE "C"))
 SELECT g.tenant_id, g.aggregate_type, g.aggregate_id, g.v, g.prev_v,
        extract(epoch FROM now() - g.created_at)::float8, g.k, count(*) OVER ()
 FROM probed g
-WHERE g.published AND g.prev_v + 1 < g.v
 ORDER BY g.created_at
 LIMIT $2

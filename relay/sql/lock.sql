@@ -17,9 +17,11 @@
 -- which the relay does not hold.
 --
 -- Plan: one index scan of outbox_event_due_idx (the window), a TID probe per
--- row (visible), one sort of the window by aggregate, then per aggregate at
--- most three probes of outbox_event_agg_idx (gated: they run on the
--- aggregate's head row only), then the update by ctid. The session turns off
+-- row (visible), one sort of the window by aggregate, then per aggregate
+-- (on its head row only) one descent of outbox_event_agg_published_idx and
+-- at most two of outbox_event_agg_unpublished_idx (a third of the published
+-- one when two event types share the lowest version), then the update by
+-- ctid. The session turns off
 -- the plan types this statement never wants (sequential and bitmap scans,
 -- sorts an index can replace, hash and merge joins), so no statistics can
 -- change its shape.
@@ -69,24 +71,63 @@ aggregates AS (
   FROM visible w
   WINDOW a AS (PARTITION BY w.k, w.tenant_id, w.aggregate_type, w.aggregate_id)),
 probed AS (
-  SELECT r.*, prev.v AS prev_v, prev.published AS prev_published, prev.due AS prev_due,
-         prev.status AS prev_status,
-         next.v AS next_v, next.published AS next_published, inside.n AS n_unpublished,
-         inside.published_v AS published_v
+  SELECT r.*, pub.v AS pub_v,
+         CASE WHEN up.v IS NOT NULL THEN up.v ELSE below.v END AS prev_v,
+         CASE WHEN up.v IS NOT NULL THEN false
+              WHEN below.v IS NOT NULL THEN true END AS prev_published,
+         up.due AS prev_due, up.status AS prev_status, inside.n AS n_unpublished
   FROM aggregates r
-  -- the aggregate's highest version below the window's lowest; among rows of
-  -- that version an unpublished one first. A LATE_VERSION row, DEAD or
+  -- the aggregate's highest published version (one descent of the published
+  -- index). Whatever the state of the versions between it and the window
+  -- (a lower one another transaction holds locked, in flight to DEAD, or not
+  -- yet visible to this statement's snapshot), a window row below it is late
+  LEFT JOIN LATERAL (
+    SELECT p.aggregate_version AS v
+    FROM :table p
+    WHERE r.head AND p.published_at IS NOT NULL
+      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+            hashtextextended(p.tenant_id, 0))) = r.k
+      AND p.tenant_id = r.tenant_id COLLATE "C"
+      AND p.aggregate_type = r.aggregate_type COLLATE "C"
+      AND p.aggregate_id = r.aggregate_id COLLATE "C"
+    ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+               hashtextextended(p.tenant_id, 0))) DESC,
+             p.aggregate_version DESC
+    LIMIT 1) pub ON true
+  -- the highest published version below the window's lowest: that one, or,
+  -- when it equals the lowest (two event types of one version), the next
+  -- published version below it
+  LEFT JOIN LATERAL (
+    SELECT pub.v AS v WHERE pub.v < r.lo
+    UNION ALL
+    (SELECT p.aggregate_version
+     FROM :table p
+     WHERE r.head AND pub.v = r.lo AND p.published_at IS NOT NULL
+       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+             hashtextextended(p.tenant_id, 0))) = r.k
+       AND p.aggregate_version < r.lo
+       AND p.tenant_id = r.tenant_id COLLATE "C"
+       AND p.aggregate_type = r.aggregate_type COLLATE "C"
+       AND p.aggregate_id = r.aggregate_id COLLATE "C"
+     ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+                hashtextextended(p.tenant_id, 0))) DESC,
+              p.aggregate_version DESC
+     LIMIT 1)) below ON true
+  -- the highest unpublished version below the window's lowest and not below
+  -- that published one (an unpublished row of the same version comes first):
+  -- the previous version, when there is one. A LATE_VERSION row, DEAD or
   -- locked to go DEAD (see the update), is not in the order (a later version
   -- reached Kafka before it committed): the versions above it follow the
-  -- version below it, or count as the aggregate's first
+  -- version below it, or count as the aggregate's first. Not probed when a
+  -- published version above the lowest makes rows late (see chosen)
   LEFT JOIN LATERAL (
-    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published,
-           p.available_at AS due, p.status
+    SELECT p.aggregate_version AS v, p.available_at AS due, p.status
     FROM :table p
-    WHERE r.head
+    WHERE r.head AND (pub.v IS NULL OR pub.v <= r.lo) AND p.published_at IS NULL
       AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
             hashtextextended(p.tenant_id, 0))) = r.k
       AND p.aggregate_version < r.lo
+      AND p.aggregate_version >= coalesce(below.v, -9223372036854775808)
       AND (p.status NOT IN ('DEAD', 'PUBLISHING')
            OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
       AND p.tenant_id = r.tenant_id COLLATE "C"
@@ -94,44 +135,29 @@ probed AS (
       AND p.aggregate_id = r.aggregate_id COLLATE "C"
     ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
                hashtextextended(p.tenant_id, 0))) DESC,
-             p.aggregate_version DESC, (p.published_at IS NULL) DESC
-    LIMIT 1) prev ON true
-  -- the aggregate's lowest version above the window's highest; among rows of
-  -- that version a published one first; LATE_VERSION rows skipped, as above
-  LEFT JOIN LATERAL (
-    SELECT p.aggregate_version AS v, p.published_at IS NOT NULL AS published
-    FROM :table p
-    WHERE r.head
-      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
-            hashtextextended(p.tenant_id, 0))) = r.k
-      AND p.aggregate_version > r.hi
-      AND (p.status NOT IN ('DEAD', 'PUBLISHING')
-           OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
-      AND p.tenant_id = r.tenant_id COLLATE "C"
-      AND p.aggregate_type = r.aggregate_type COLLATE "C"
-      AND p.aggregate_id = r.aggregate_id COLLATE "C"
-    ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
-               hashtextextended(p.tenant_id, 0))),
-             p.aggregate_version, (p.published_at IS NULL)
-    LIMIT 1) next ON true
+             p.aggregate_version DESC
+    LIMIT 1) up ON true
   -- with several rows in the window: the unpublished rows between its lowest
-  -- and highest version, to tell whether the window holds them all, and the
-  -- highest version above the lowest that is published already (the window's
-  -- rows below it are late: a requeued late version, a version that came
-  -- after a gap release); counted in the scan, not filtered: a filter on
-  -- published_at would let the planner choose the due index by its statistics
+  -- and highest version, to tell whether the window holds them all (the
+  -- window's own rows are among them: counting one more than it holds
+  -- answers; in index order, so that no statistics make another index look
+  -- cheaper)
   LEFT JOIN LATERAL (
-    SELECT count(*) FILTER (WHERE p.published_at IS NULL) AS n,
-           max(p.aggregate_version) FILTER (WHERE p.published_at IS NOT NULL
-                                            AND p.aggregate_version > r.lo) AS published_v
-    FROM :table p
-    WHERE r.head AND r.n > 1
-      AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
-            hashtextextended(p.tenant_id, 0))) = r.k
-      AND p.aggregate_version >= r.lo AND p.aggregate_version <= r.hi
-      AND p.tenant_id = r.tenant_id COLLATE "C"
-      AND p.aggregate_type = r.aggregate_type COLLATE "C"
-      AND p.aggregate_id = r.aggregate_id COLLATE "C") inside ON true),
+    SELECT count(*) AS n
+    FROM (SELECT 1
+          FROM :table p
+          WHERE r.head AND r.n > 1 AND (pub.v IS NULL OR pub.v <= r.lo)
+            AND p.published_at IS NULL
+            AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+                  hashtextextended(p.tenant_id, 0))) = r.k
+            AND p.aggregate_version >= r.lo AND p.aggregate_version <= r.hi
+            AND p.tenant_id = r.tenant_id COLLATE "C"
+            AND p.aggregate_type = r.aggregate_type COLLATE "C"
+            AND p.aggregate_id = r.aggregate_id COLLATE "C"
+          ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+                     hashtextextended(p.tenant_id, 0))),
+                   p.aggregate_version
+          LIMIT r.n + 1) u) inside ON true),
 decided AS (
   -- what the head's probes say, for every row of the aggregate:
   --   next_late   a version above the window is published already
@@ -155,8 +181,9 @@ decided AS (
   --               window, which they would otherwise fill, however many
   --               they are
   SELECT d.tid, d.v, d.lo, d.k,
-         max(d.next_v) FILTER (WHERE d.head AND d.next_published) OVER a AS next_late,
-         max(d.published_v) FILTER (WHERE d.head) OVER a AS published_v,
+         max(d.pub_v) FILTER (WHERE d.head AND d.pub_v > d.hi) OVER a AS next_late,
+         max(d.pub_v) FILTER (WHERE d.head AND d.pub_v > d.lo AND d.pub_v <= d.hi)
+           OVER a AS published_v,
          bool_or(d.head AND CASE WHEN $5 = 'aggregate' THEN
            (d.prev_v IS NULL
             AND (d.lo = 1 OR d.txid IS NULL OR d.txid < (SELECT xmin FROM horizon)))

@@ -96,17 +96,26 @@ IF to_regclass(format('%I.outbox_event_due_idx', s)) IS NULL THEN
         WHERE published_at IS NULL;
 END IF;
 
--- The per-aggregate guard: an aggregate's versions, every status, by a 64-bit
--- key of (tenant_id, aggregate_type, aggregate_id), so that the probes of
--- the lock statements compare integers, and whether each is unpublished, so
--- a probe finds the unpublished (or the published) rows of a version first.
--- The probes also check the three columns, so two aggregates with the same
--- key never decide for each other.
-IF to_regclass(format('%I.outbox_event_agg_idx', s)) IS NULL THEN
-    CREATE INDEX outbox_event_agg_idx
+-- The per-aggregate guard: an aggregate's versions by a 64-bit key of
+-- (tenant_id, aggregate_type, aggregate_id), so that the probes of the lock
+-- statements compare integers, in two partial indexes: the unpublished
+-- versions, and the published ones, whose highest is one descent away
+-- however many unpublished versions lie above it (a version below it is
+-- late, whatever the state of those between). Each row is in one of the
+-- two: an insert writes one entry, and so does the mark to PUBLISHED, as
+-- with one index of every status. The probes also check the three columns, so two
+-- aggregates with the same key never decide for each other.
+IF to_regclass(format('%I.outbox_event_agg_unpublished_idx', s)) IS NULL THEN
+    CREATE INDEX outbox_event_agg_unpublished_idx
         ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
-                           hashtextextended(tenant_id, 0))),
-                         aggregate_version, (published_at IS NULL));
+                           hashtextextended(tenant_id, 0))), aggregate_version)
+        WHERE published_at IS NULL;
+END IF;
+IF to_regclass(format('%I.outbox_event_agg_published_idx', s)) IS NULL THEN
+    CREATE INDEX outbox_event_agg_published_idx
+        ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
+                           hashtextextended(tenant_id, 0))), aggregate_version)
+        WHERE published_at IS NOT NULL;
 END IF;
 
 -- The sweeper's retention delete, by publish time. Each aggregate's latest

@@ -61,14 +61,15 @@ BEGIN
             ('outbox_event_published_idx', '(published_at)', 'published_at IS NOT NULL'))
             AS v(name, def, pred)
     LOOP
-        -- 004 replaced the retention index, 006 the guard's: never build
-        -- the old ones again
+        -- 004 replaced the retention index, 006 and 007 the guard's: never
+        -- build the old ones again
         CONTINUE WHEN ix.name = 'outbox_event_published_idx' AND EXISTS (
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             WHERE i.indrelid = t AND c.relname = 'outbox_event_retention_idx');
         CONTINUE WHEN ix.name = 'outbox_event_unpublished_idx' AND EXISTS (
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-            WHERE i.indrelid = t AND c.relname = 'outbox_event_agg_idx');
+            WHERE i.indrelid = t AND c.relname IN ('outbox_event_agg_idx',
+                                                   'outbox_event_agg_unpublished_idx'));
         IF NOT EXISTS (
             SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             WHERE i.indrelid = t AND c.relname = ix.name AND i.indisvalid

@@ -32,7 +32,9 @@ BEGIN
     SELECT n.nspname INTO s FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
     WHERE r.oid = t;
 
-    IF to_regclass(quote_ident(s) || '.outbox_event_agg_idx') IS NULL THEN
+    -- 007 replaces this index: never build it again
+    IF to_regclass(quote_ident(s) || '.outbox_event_agg_idx') IS NULL
+       AND to_regclass(quote_ident(s) || '.outbox_event_agg_unpublished_idx') IS NULL THEN
         EXECUTE format('CREATE INDEX outbox_event_agg_idx ON %s'
                        ' (hashtextextended(aggregate_id, hashtextextended(aggregate_type,'
                        ' hashtextextended(tenant_id, 0))), aggregate_version,'

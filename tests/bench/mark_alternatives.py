@@ -65,9 +65,9 @@ PLAN_SETTINGS = ("SET jit = off; SET enable_seqscan = off; SET enable_bitmapscan
 INDEX_VARIANTS = [
     ("all", []),
     ("no_retention", ["INDEX outbox_event_retention_idx"]),
-    ("no_agg", ["INDEX outbox_event_agg_idx"]),
+    ("no_agg", ["INDEX outbox_event_agg_published_idx"]),
     ("no_unique", ["CONSTRAINT outbox_event_aggregate_version_key"]),
-    ("pkey_only", ["INDEX outbox_event_retention_idx", "INDEX outbox_event_agg_idx",
+    ("pkey_only", ["INDEX outbox_event_retention_idx", "INDEX outbox_event_agg_published_idx",
                    "CONSTRAINT outbox_event_aggregate_version_key"]),
 ]
 

@@ -9,6 +9,8 @@ statement between its start and its row locks, so the test can change the row
 in that window every time.
 
 Broker: Apache Kafka (tests/run's)."""
+import psycopg2
+
 from conftest import KafkaCheck, check_audit, check_kafka, relay_env, wait_quiet
 from harness import Relay, make_events, read_topics, wait_until
 
@@ -86,6 +88,45 @@ def test_a_lock_ages_from_its_statement_start(db, kafka, tmp_path, report):
            audit.releases[("relay", "RELEASED")])
 
 
+def event(agg, v):
+    return {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": v,
+            "event_type": "Changed", "payload_json": {"v": v}}
+
+
+def lt_row(db, v):
+    """Version v of aggregate `lt`: its status and error code."""
+    return db.execute("SELECT status, last_error_code FROM %s WHERE aggregate_id = 'lt'"
+                      " AND aggregate_version = %%s" % db.table, (v,))[0]
+
+
+def publish_lt_2_and_5(db, kafka):
+    """Versions 2 and 5 of `lt` published (3 and 4 were missing when a gap
+    release let 5 go); the topic created. Returns it."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 2)
+    db.insert_events([event("lt", 2), event("lt", 5)])
+    # published by hand: the operator's doing, as the audit sees it
+    db.execute("SET outbox.actor = 'operator'; UPDATE %s SET status = 'PUBLISHED',"
+               " published_at = now(); RESET outbox.actor" % db.table)
+    return topic
+
+
+def assert_3_and_4_late(db, kafka, topic, counts, late, calm):
+    """Versions 3 and 4 of `lt` went DEAD as late, below 5; nothing of `lt`
+    reached Kafka, the calm aggregate's events did; the audit is clean."""
+    rows = {(r["aggregate_id"], r["aggregate_version"]): r for r in db.rows()}
+    for v in (3, 4):
+        r = rows[("lt", v)]
+        assert (r["status"], r["last_error_code"]) == ("DEAD", "LATE_VERSION"), r
+        assert "after version 5 was published" in r["last_error_message"], r
+    assert counts["PUBLISHED"] == 4 and counts["DEAD"] == 2, counts
+    sent = KafkaCheck(read_topics(kafka.bootstrap, topics=[topic])).ids
+    assert not set(late) & set(sent), "late version 3 reached Kafka after version 5"
+    assert sorted(sent) == sorted(calm), sent
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+
+
 def test_a_version_below_one_locked_as_late_is_late_too(db, kafka, tmp_path, report):
     """Versions 2 and 5 of `lt` are published (3 and 4 were missing when a gap
     release let 5 go). Version 4 commits: relay r-slow locks it to go DEAD
@@ -94,25 +135,11 @@ def test_a_version_below_one_locked_as_late_is_late_too(db, kafka, tmp_path, rep
     is 4, in flight to DEAD, and above that 5, published. 3 is late too, and
     must not reach Kafka after 5, whichever relay locks it (r-slow, or r-fast,
     which marks without delay)."""
-    topic = "%s.Order" % db.schema
-    kafka.create_topic(topic, 2)
-
-    def event(agg, v):
-        return {"aggregate_type": "Order", "aggregate_id": agg, "aggregate_version": v,
-                "event_type": "Changed", "payload_json": {"v": v}}
-
-    def status(v):
-        return db.execute("SELECT status FROM %s WHERE aggregate_id = 'lt'"
-                          " AND aggregate_version = %%s" % db.table, (v,))[0]["status"]
-
-    db.insert_events([event("lt", 2), event("lt", 5)])
-    # published by hand: the operator's doing, as the audit sees it
-    db.execute("SET outbox.actor = 'operator'; UPDATE %s SET status = 'PUBLISHED',"
-               " published_at = now(); RESET outbox.actor" % db.table)
+    topic = publish_lt_2_and_5(db, kafka)
     slow_env = relay_env(db, kafka, "r-slow", OUTBOX_TEST_MARK_DELAY_MS=5000)
     with Relay("outbox-relay", name="r-slow", log_dir=tmp_path, env=slow_env) as slow:
         db.insert_events([event("lt", 4)])
-        wait_until(lambda: status(4) == "PUBLISHING", 30,
+        wait_until(lambda: lt_row(db, 4)["status"] == "PUBLISHING", 30,
                    what="version 4 locked to go DEAD (its mark paused)")
         with Relay("outbox-relay", name="r-fast", log_dir=tmp_path,
                    env=relay_env(db, kafka, "r-fast")) as fast:
@@ -121,16 +148,41 @@ def test_a_version_below_one_locked_as_late_is_late_too(db, kafka, tmp_path, rep
             counts = wait_quiet(db, 30, "every row final")
             assert fast.stop() == 0
         assert slow.stop() == 0
-    rows = {(r["aggregate_id"], r["aggregate_version"]): r for r in db.rows()}
-    for v, above in ((3, 5), (4, 5)):
-        r = rows[("lt", v)]
-        assert (r["status"], r["last_error_code"]) == ("DEAD", "LATE_VERSION"), r
-        assert "after version %d was published" % above in r["last_error_message"], r
-    assert counts["PUBLISHED"] == 4 and counts["DEAD"] == 2, counts
-    sent = KafkaCheck(read_topics(kafka.bootstrap, topics=[topic])).ids
-    assert not set(late) & set(sent), "late version 3 reached Kafka after version 5"
-    assert sorted(sent) == sorted(calm), sent
-    audit = check_audit(db)
-    assert not audit.violations, audit.violations[:10]
+    assert_3_and_4_late(db, kafka, topic, counts, late, calm)
     report("version 3 committed while version 4 was in flight to DEAD as late, with 5 "
            "published: 3 went DEAD as late too, never to Kafka")
+
+
+def test_a_version_below_one_another_transaction_holds_is_late_too(db, kafka, tmp_path, report):
+    """Versions 2 and 5 of `lt` are published; versions 4 and then 3 commit late.
+    Another transaction holds version 4 locked, as another relay's lock
+    statement does while it locks 4 to go DEAD: the relay's window steps over 4
+    (SKIP LOCKED) and, in its snapshot, 4 is PENDING with no error code. 3 is
+    late all the same (5 reached Kafka before it committed) and must go DEAD
+    unsent, not to Kafka after 5; then 4 too, once released."""
+    topic = publish_lt_2_and_5(db, kafka)
+    db.insert_events([event("lt", 4)])
+    holder = psycopg2.connect(db.pg.url)
+    try:
+        with holder.cursor() as cur:  # a transaction opens: 4 stays locked until rollback
+            cur.execute("SELECT 1 FROM %s WHERE aggregate_id = 'lt' AND aggregate_version = 4"
+                        " FOR UPDATE" % db.table)
+            assert cur.rowcount == 1
+        late = db.insert_events([event("lt", 3)])
+        calm = db.insert_events([event("calm", 1), event("calm", 2)])
+        with Relay("outbox-relay", name="r-held", log_dir=tmp_path,
+                   env=relay_env(db, kafka, "r-held")) as relay:
+            wait_until(lambda: lt_row(db, 3)["status"] not in ("PENDING", "FAILED", "PUBLISHING")
+                       and db.count("aggregate_id = 'calm' AND status = 'PUBLISHED'") == 2,
+                       30, what="version 3 and the calm aggregate settled")
+            assert tuple(lt_row(db, 3).values()) == ("DEAD", "LATE_VERSION")
+            assert lt_row(db, 4)["status"] == "PENDING"
+            holder.rollback()
+            counts = wait_quiet(db, 30, "every row final")
+            assert relay.stop() == 0
+    finally:
+        holder.close()
+    assert_3_and_4_late(db, kafka, topic, counts, late, calm)
+    report("version 3 committed late while another transaction held late version 4 "
+           "locked (PENDING in the relay's snapshot), with 5 published: 3 went DEAD as "
+           "late, never to Kafka; 4 followed once released")
