@@ -44,18 +44,22 @@ probed AS (
              p.aggregate_version DESC
     LIMIT 1) prev
   WHERE prev.v + 1 < l.v
-    AND NOT EXISTS (
-      SELECT 1
-      FROM :table p
-      WHERE p.published_at IS NULL
-        AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
-              hashtextextended(p.tenant_id, 0))) = l.k
-        AND p.aggregate_version < l.v AND p.aggregate_version >= prev.v
-        AND (p.status NOT IN ('DEAD', 'PUBLISHING')
-             OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
-        AND p.tenant_id = l.tenant_id COLLATE "C"
-        AND p.aggregate_type = l.aggregate_type COLLATE "C"
-        AND p.aggregate_id = l.aggregate_id COLLATE "C"))
+    -- in index order, so that no statistics make the due index look cheaper
+    AND (SELECT p.aggregate_version
+         FROM :table p
+         WHERE p.published_at IS NULL
+           AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+                 hashtextextended(p.tenant_id, 0))) = l.k
+           AND p.aggregate_version < l.v AND p.aggregate_version >= prev.v
+           AND (p.status NOT IN ('DEAD', 'PUBLISHING')
+                OR p.last_error_code IS DISTINCT FROM 'LATE_VERSION')
+           AND p.tenant_id = l.tenant_id COLLATE "C"
+           AND p.aggregate_type = l.aggregate_type COLLATE "C"
+           AND p.aggregate_id = l.aggregate_id COLLATE "C"
+         ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,
+                    hashtextextended(p.tenant_id, 0))) DESC,
+                  p.aggregate_version DESC
+         LIMIT 1) IS NULL)
 SELECT g.tenant_id, g.aggregate_type, g.aggregate_id, g.v, g.prev_v,
        extract(epoch FROM now() - g.created_at)::float8, g.k, count(*) OVER ()
 FROM probed g

@@ -19,11 +19,11 @@
 -- Plan: one index scan of outbox_event_due_idx (the window), a TID probe per
 -- row (visible), one sort of the window by aggregate, then per aggregate
 -- (on its head row only) one descent of outbox_event_agg_published_idx and
--- at most two of outbox_event_agg_unpublished_idx (a third of the published
--- one when two event types share the lowest version), then the update by
--- ctid. The session turns off
--- the plan types this statement never wants (sequential and bitmap scans,
--- sorts an index can replace, hash and merge joins), so no statistics can
+-- at most two of outbox_event_agg_unpublished_idx (and a second of the
+-- published one when two event types share the lowest version), then the
+-- update by ctid. The session turns off the plan types this statement never
+-- wants (sequential and bitmap scans, sorts an index can replace, hash and
+-- merge joins), so no statistics can
 -- change its shape.
 --
 -- An aggregate's key is a 64-bit hash of (tenant_id, aggregate_type,
@@ -225,10 +225,11 @@ SET status = CASE WHEN c.deferred THEN o.status ELSE 'PUBLISHING' END,
     available_at = CASE WHEN c.parked THEN 'infinity'::timestamptz
                         WHEN c.deferred THEN greatest(o.available_at, c.defer_to)
                         ELSE o.available_at END,
-    -- a late row carries its code from its lock on, so that the probes of
-    -- other lock statements skip it while it is in flight to DEAD: the
-    -- published version above it stays in their sight. A row locked to be
-    -- sent loses the code a requeue left on it (it is no longer late).
+    -- a late row carries its code from its lock on, so that other lock
+    -- statements' probes for a previous version skip it while it is in
+    -- flight to DEAD (the versions above it follow the published one). A
+    -- row locked to be sent loses the code a requeue left on it (it is no
+    -- longer late).
     last_error_code = CASE WHEN c.parked THEN 'BLOCKED'
                            WHEN c.deferred THEN o.last_error_code
                            WHEN c.late_after IS NOT NULL THEN 'LATE_VERSION'

@@ -2,9 +2,8 @@
 -- published versions (docs/DESIGN.md, "The outbox table"). The lock
 -- statement finds an aggregate's highest published version in one descent,
 -- however many unpublished versions lie above it, and tells a late version
--- by it alone: with one index of every status it looked at the lowest
--- version above the window only, which another lock statement could hold
--- locked as late, unseen, while a later one was published.
+-- by it alone, whatever the state of the versions between (another lock
+-- statement may hold one locked, unseen, to go DEAD as late).
 --
 -- Safe to apply twice, and a no-op on a table the current 001 created. It
 -- keeps outbox_event_agg_idx, which relays of earlier versions probe (without

@@ -104,14 +104,21 @@ def shape(node):
     return out
 
 
-@pytest.mark.parametrize("name", ["lock", "lock_none"])
-def test_lock_plans_do_not_depend_on_statistics(pg, name):
+@pytest.mark.parametrize("name,old_index", [("lock", False), ("lock_none", False),
+                                            ("lock", True)])
+def test_lock_plans_do_not_depend_on_statistics(pg, name, old_index):
     # 100k pending rows over 2000 aggregates, written in transactions of 100 as
     # a burst would; the first 500 already published so the guard has
-    # predecessors to probe.
+    # predecessors to probe. old_index: the guard index older relays probe is
+    # there too, as 007_guard_split.sql leaves it until dropped by hand.
     runs = {}
     for stats in ("idle", "fresh"):
         with TestSchema(pg, "plan_%s_%s" % (name, stats)) as db:
+            if old_index:
+                db.execute("CREATE INDEX outbox_event_agg_idx ON %s (hashtextextended("
+                           "aggregate_id, hashtextextended(aggregate_type,"
+                           " hashtextextended(tenant_id, 0))), aggregate_version,"
+                           " (published_at IS NULL))" % db.table)
             if stats == "idle":
                 # the statistics of an idle outbox: everything published
                 db.insert_events(make_events(aggregates=2000, versions=1, id_prefix="old"))
@@ -149,6 +156,7 @@ def test_lock_plans_do_not_depend_on_statistics(pg, name):
              fresh["rows"]))
     assert idle["rows"] == fresh["rows"] > 0
     assert idle["shape"] == fresh["shape"], (idle["shape"], fresh["shape"])
+    assert not [n for n in idle["shape"] if n.endswith(":outbox_event_agg_idx")], idle["shape"]
     assert idle["buffers"] <= 1.5 * fresh["buffers"]
     assert idle["ms"] <= 1.5 * fresh["ms"] + 2.0, (idle["ms"], fresh["ms"])
 
