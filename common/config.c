@@ -132,6 +132,10 @@ static const struct opt opts[] = {
          "test hook: a fetch of a row of this aggregate_version fails (division by zero); of "
          "version -N when negative, with an error that is not the row's (an unknown setting); 0: "
          "none"},
+        {"OUTBOX_TEST_FETCH_KILL_VERSION", T_INT, "0", O(test_fetch_kill_version), RELAY, 0,
+         2147483647, NULL,
+         "test hook: a fetch of a row of this aggregate_version ends its own server process "
+         "(pg_terminate_backend), as a row that crashes it would; 0: none"},
 #endif
 };
 #undef O

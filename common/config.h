@@ -56,13 +56,15 @@ struct config {
         int once; /* sweeper --once */
         /* Fault-test pauses, read only by builds with -DOUTBOX_TEST_HOOKS=ON
          * (else 0): OUTBOX_TEST_LOCK_DELAY_MS, OUTBOX_TEST_SAMPLE_DELAY_MS,
-         * OUTBOX_TEST_MARK_DELAY_MS, OUTBOX_TEST_REPLAY_PAUSE_MS; and a
-         * fault: OUTBOX_TEST_FETCH_FAULT_VERSION. */
+         * OUTBOX_TEST_MARK_DELAY_MS, OUTBOX_TEST_REPLAY_PAUSE_MS; and
+         * faults: OUTBOX_TEST_FETCH_FAULT_VERSION,
+         * OUTBOX_TEST_FETCH_KILL_VERSION. */
         int test_lock_delay_ms;
         int test_sample_delay_ms;
         int test_mark_delay_ms;
         int test_replay_pause_ms;
         int test_fetch_fault_version;
+        int test_fetch_kill_version;
 
         struct config_kafka_prop *kafka;
         size_t kafka_cnt;

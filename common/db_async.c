@@ -178,7 +178,8 @@ static int flush(struct db *db) {
  * builds with test hooks when its setting is not 0 (nothing in other
  * builds): a predicate, true, that sleeps the setting's milliseconds or, on
  * a row `o` of the setting's version, fails (a data exception, 22012; for a
- * negative setting -N, on version N, an unknown setting's 42704). */
+ * negative setting -N, on version N, an unknown setting's 42704) or ends
+ * the session (its server process terminates itself). */
 static const struct {
         const char *text;
         size_t off;
@@ -195,6 +196,8 @@ static const struct {
          " WHEN o.aggregate_version = -f.n THEN current_setting('outbox.test_fetch_fault')::bigint"
          " ELSE 1 END FROM (SELECT ",
          "::bigint AS n) f) IS NOT NULL"},
+        {"/* test: fetch kill */", offsetof(struct db_session, test_fetch_kill_version),
+         " AND (o.aggregate_version <> ", " OR pg_terminate_backend(pg_backend_pid()))"},
 };
 
 /* The marker p starts with (its length into *len), or -1. */

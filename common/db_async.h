@@ -29,6 +29,7 @@ struct db_session {
         int test_mark_delay_ms;       /* test builds: a pause in mark statements */
         int test_sample_delay_ms;     /* test builds: a pause in the table sample */
         int test_fetch_fault_version; /* test builds: fetches fail on rows of this version */
+        int test_fetch_kill_version;  /* test builds: fetches of this version end the session */
 };
 
 /* Copies the session's settings into db (the statements are borrowed and

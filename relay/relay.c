@@ -299,6 +299,42 @@ static void fetch_result(struct relay *r, struct db_result *res, double now);
 static void mark_result(struct relay *r, struct db_result *res, double now);
 static void side_result(struct relay *r, struct db_result *res, double now);
 
+/* The lock connection was lost while a fetch of b ran. A row whose text
+ * kills the server process that computes it (a crash, or an operator's
+ * pg_terminate_backend each time) would otherwise be fetched again for
+ * ever, its attempts never spent, the server restarting every time: the
+ * second loss over one batch has its rows read one at a time, and the second
+ * loss while one row is read alone sends that row DEAD. A loss for any other
+ * reason (a restart, a failover) costs a batch a second fetch. */
+static void fetch_lost(struct relay *r, struct batch *b) {
+        if (!r->fetch_alone) {
+                if (++b->fetch_losses < 2)
+                        return;
+                size_t n = 0;
+                for (size_t i = 0; i < b->n; i++)
+                        if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
+                                b->rows[i].suspect = 1;
+                                n++;
+                        }
+                log_warn("relay",
+                         "fetches lost the connection twice: reading their rows one at a time",
+                         "rows=%zu", n);
+                return;
+        }
+        for (size_t i = 0; i < b->n; i++) {
+                struct row *w = &b->rows[i];
+                if (w->stage != ROW_LOCKED || !w->asked)
+                        continue;
+                if (++w->lost_alone < 2)
+                        return;
+                w->permanent = 1;
+                batch_settle(b, i, DECIDE_DEAD, "INVALID_VALUE",
+                             "the database connection was lost twice while this row alone was "
+                             "read (a row whose text ends the server process)");
+                return;
+        }
+}
+
 /* Connection c went down (failed to connect, or was lost): back off. */
 static void conn_down(struct relay *r, int c, const char *why, double now) {
         struct conn *cn = &r->conns[c];
@@ -307,6 +343,8 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
                 cn->restarting = 0; /* closed on purpose: retry_at is set */
                 goto forget;
         }
+        if (c == C_LOCK && r->fetching)
+                fetch_lost(r, r->fetching);
         cn->failures++;
         int retry = cn->backoff_ms;
         if (r->stopping)
@@ -876,6 +914,8 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         struct batch *b = r->fetching;
         r->fetching = NULL;
         if (!db_result_ok(res)) {
+                if (db_async_phase(db_of(r, C_LOCK)) == DB_DOWN)
+                        fetch_lost(r, b); /* the answer was the session's end */
                 if (*db_result_sqlstate(res) &&
                     db_fault_of(db_result_sqlstate(res)) == DB_FAULT_STATEMENT) {
                         if (!r->fetch_alone) {
@@ -1663,6 +1703,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         .test_mark_delay_ms = cfg->test_mark_delay_ms,
                         .test_sample_delay_ms = cfg->test_sample_delay_ms,
                         .test_fetch_fault_version = cfg->test_fetch_fault_version,
+                        .test_fetch_kill_version = cfg->test_fetch_kill_version,
                 };
                 /* each connection prepares the statements it runs; the side
                  * connection's read the whole backlog: a longer timeout */

@@ -65,7 +65,8 @@ WITH texts AS MATERIALIZED (
                                 AND pg_column_size(o.headers_json) > $4 / 256
                            THEN pg_column_size(o.headers_json || '{}'::jsonb)
                            ELSE pg_column_size(o.headers_json) END, 0) AS bytes) w
-  WHERE o.status = 'PUBLISHING' AND o.locked_by = $2 /* test: fetch fault */),
+  WHERE o.status = 'PUBLISHING' AND o.locked_by = $2 /* test: fetch fault */
+    /* test: fetch kill */),
 sized AS (
   SELECT t.*,
          t.fixed + CASE WHEN t.huge THEN t.stored

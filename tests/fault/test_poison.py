@@ -115,21 +115,48 @@ FAULT_VERSION = 7
 BAD = "zz-bad"
 
 
+def insert_faulty_aggregate(db, kafka):
+    """The topic (4 partitions); 40 healthy aggregates with the versions below
+    FAULT_VERSION, and BAD with versions 1 to FAULT_VERSION + 2, inserted.
+    Returns (topic, healthy rows, BAD's rows, BAD's outbox_ids by version)."""
+    topic = "%s.Order" % db.schema
+    kafka.create_topic(topic, 4)
+    healthy = make_events(aggregates=40, versions=FAULT_VERSION - 1, id_prefix="ok")
+    bad = [row(BAD, v) for v in range(1, FAULT_VERSION + 3)]
+    ids = db.insert_events(healthy + bad)
+    return topic, healthy, bad, dict(zip(range(1, FAULT_VERSION + 3), ids[len(healthy):]))
+
+
+def wait_faulty_row_dead(db, healthy, what):
+    """Until BAD's FAULT_VERSION is DEAD and every row before it PUBLISHED."""
+    wait_until(lambda: db.status_counts()["DEAD"] == 1 and
+               db.status_counts()["PUBLISHED"] == len(healthy) + FAULT_VERSION - 1, 60,
+               what="%s DEAD, every row before it PUBLISHED" % what)
+
+
+def run_until_faulty_row_dead(db, kafka, tmp_path, name, healthy, what, **env):
+    """Runs relay `name` with env until BAD's FAULT_VERSION is DEAD and every
+    row before it PUBLISHED, then stops it. Returns (the relay, the DEAD rows:
+    that one only)."""
+    with Relay("outbox-relay", name=name, log_dir=tmp_path,
+               env=relay_env(db, kafka, name, **env)) as relay:
+        wait_faulty_row_dead(db, healthy, what)
+        assert relay.stop() == 0
+    dead = db.rows(where="status = 'DEAD'")
+    assert [(r["aggregate_id"], r["aggregate_version"]) for r in dead] == \
+        [(BAD, FAULT_VERSION)], dead
+    return relay, dead
+
+
 def test_row_postgresql_cannot_read_goes_dead_alone(db, kafka, tmp_path, report):
     """A row whose fetch fails with a data exception (the test hook makes
     every fetch that reads a row of version FAULT_VERSION fail, as damaged
     storage would): the relay reads the batch's rows one at a time until
     the row fails alone, and only that row goes DEAD."""
-    topic = "%s.Order" % db.schema
-    kafka.create_topic(topic, 4)
-    healthy = make_events(aggregates=40, versions=FAULT_VERSION - 1, id_prefix="ok")
-    bad = [row(BAD, v) for v in range(1, FAULT_VERSION + 3)]
-    db.insert_events(healthy + bad)
+    topic, healthy, bad, _ = insert_faulty_aggregate(db, kafka)
     env = relay_env(db, kafka, "r-unreadable", OUTBOX_TEST_FETCH_FAULT_VERSION=FAULT_VERSION)
     with Relay("outbox-relay", name="r-unreadable", log_dir=tmp_path, env=env) as relay:
-        wait_until(lambda: db.status_counts()["DEAD"] == 1 and
-                   db.status_counts()["PUBLISHED"] == len(healthy) + FAULT_VERSION - 1, 60,
-                   what="the unreadable row DEAD, every row before it PUBLISHED")
+        wait_faulty_row_dead(db, healthy, "the unreadable row")
         more = make_events(aggregates=10, versions=2, id_prefix="new")
         db.insert_events(more)
         wait_until(lambda: db.count("aggregate_id LIKE 'new%%' AND status = 'PUBLISHED'")
@@ -164,23 +191,11 @@ def test_row_whose_read_fails_otherwise_is_retried_then_dead(db, kafka, tmp_path
     with backoff, DEAD once its attempts are used up; the version after it
     spends none, nor does the row itself while the version before it was
     still with Kafka, and nothing else is blamed."""
-    topic = "%s.Order" % db.schema
-    kafka.create_topic(topic, 4)
     attempts = 3
-    healthy = make_events(aggregates=40, versions=FAULT_VERSION - 1, id_prefix="ok")
-    bad = [row(BAD, v) for v in range(1, FAULT_VERSION + 3)]
-    ids = db.insert_events(healthy + bad)
-    bad_ids = dict(zip(range(1, FAULT_VERSION + 3), ids[len(healthy):]))
-    env = relay_env(db, kafka, "r-readfail", OUTBOX_TEST_FETCH_FAULT_VERSION=-FAULT_VERSION,
-                    OUTBOX_MAX_ATTEMPTS=attempts)
-    with Relay("outbox-relay", name="r-readfail", log_dir=tmp_path, env=env) as relay:
-        wait_until(lambda: db.status_counts()["DEAD"] == 1 and
-                   db.status_counts()["PUBLISHED"] == len(healthy) + FAULT_VERSION - 1, 60,
-                   what="the row whose read fails DEAD, every row before it PUBLISHED")
-        assert relay.stop() == 0
-    dead = db.rows(where="status = 'DEAD'")
-    assert [(r["aggregate_id"], r["aggregate_version"]) for r in dead] == \
-        [(BAD, FAULT_VERSION)], dead
+    topic, healthy, bad, bad_ids = insert_faulty_aggregate(db, kafka)
+    relay, dead = run_until_faulty_row_dead(
+        db, kafka, tmp_path, "r-readfail", healthy, "the row whose read fails",
+        OUTBOX_TEST_FETCH_FAULT_VERSION=-FAULT_VERSION, OUTBOX_MAX_ATTEMPTS=attempts)
     assert dead[0]["last_error_code"] == "READ_FAILED", dead[0]
     assert "outbox.test_fetch_fault" in dead[0]["last_error_message"], dead[0]
     assert dead[0]["attempt_count"] == attempts, dead[0]
@@ -212,3 +227,41 @@ def test_row_whose_read_fails_otherwise_is_retried_then_dead(db, kafka, tmp_path
            "order ok", BAD, FAULT_VERSION, attempts, dead[0]["last_error_message"][:60], BAD,
            FAULT_VERSION - 1, FAULT_VERSION + 1, FAULT_VERSION + 2, len(table) - len(bad),
            len(kc.msgs))
+
+
+def test_row_whose_read_ends_the_session_goes_dead(db, kafka, tmp_path, report):
+    """A row whose read ends the server process computing it (a crash, or the
+    test hook: every fetch that reads a row of version FAULT_VERSION has its
+    backend terminate itself): the relay must not fetch it again for ever,
+    the server restarting each time. Two losses over one batch have its rows
+    read one at a time; two losses while the row is read alone send it DEAD
+    (INVALID_VALUE); its aggregate's later versions wait behind it, and every
+    other row goes."""
+    topic, healthy, bad, _ = insert_faulty_aggregate(db, kafka)
+    relay, dead = run_until_faulty_row_dead(
+        db, kafka, tmp_path, "r-kill", healthy, "the row whose read ends the session",
+        OUTBOX_TEST_FETCH_KILL_VERSION=FAULT_VERSION)
+    assert dead[0]["last_error_code"] == "INVALID_VALUE", dead[0]
+    assert "connection was lost twice while this row alone was read" in \
+        dead[0]["last_error_message"], dead[0]
+    held = db.rows(where="aggregate_id = %s AND aggregate_version > %s",
+                   params=(BAD, FAULT_VERSION))
+    assert [r["status"] for r in held] == ["PENDING", "PENDING"], held
+    log = relay.log_text()
+    assert "fetches lost the connection twice: reading their rows one at a time" in log
+    losses = log.count("database connection down")
+    # two losses over the batch, two over the row alone (one line per
+    # connection state change: at most one per loss)
+    assert 1 <= losses <= 4, log[-3000:]
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    table = db.rows()
+    kc, problems = check_kafka(kafka, [topic], table, dup_allowed=audit.relocked_after_stale)
+    assert not problems, problems
+    on_kafka = {(header(m, "aggregate-id"), int(header(m, "aggregate-version"))) for m in kc.msgs}
+    assert not {(BAD, v) for v in range(FAULT_VERSION, FAULT_VERSION + 3)} & on_kafka
+    assert len(kc.ids) == len(healthy) + FAULT_VERSION - 1
+    report("%s/%d, whose read ends the session, DEAD INVALID_VALUE after %d logged connection "
+           "losses; %d-%d held; %d other rows PUBLISHED, none DEAD; %d messages, order ok",
+           BAD, FAULT_VERSION, losses, FAULT_VERSION + 1, FAULT_VERSION + 2,
+           len(table) - len(bad), len(kc.msgs))
