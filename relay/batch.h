@@ -48,7 +48,6 @@ struct row {
         int mark_uncertain; /* a mark of it was lost with its connection */
         int asked;          /* in the list of the batch's latest fetch */
         int suspect;        /* asked by a fetch that failed: read alone until read or settled */
-        int lost_alone;     /* database connections lost while a fetch read it alone */
         char *topic;        /* the message's topic (for metrics and logs), owned */
         double produced_at; /* monotonic */
         /* its run: the version it waits for and the one that waits for it */
@@ -69,7 +68,6 @@ struct batch {
         long lock_gen;    /* the lock connection it was locked on (db_connects) */
         double locked_at; /* monotonic: when its lock statement was sent (see batch_new) */
         int dirty;        /* something changed that may let a row be produced */
-        int fetch_losses; /* database connections lost while a fetch of it ran */
 };
 
 /* Builds a batch from a lock statement's answer (binary format; see

@@ -298,41 +298,30 @@ static void lock_result(struct relay *r, struct db_result *res, double now);
 static void fetch_result(struct relay *r, struct db_result *res, double now);
 static void mark_result(struct relay *r, struct db_result *res, double now);
 static void side_result(struct relay *r, struct db_result *res, double now);
+static void read_failed(struct relay *r, struct batch *b, const char *sqlstate, const char *why);
 
 /* The lock connection was lost while a fetch of b ran. A row whose text
  * kills the server process that computes it (a crash, or an operator's
  * pg_terminate_backend each time) would otherwise be fetched again for
  * ever, its attempts never spent, the server restarting every time: the
- * second loss over one batch has its rows read one at a time, and the second
- * loss while one row is read alone sends that row DEAD. A loss for any other
- * reason (a restart, a failover) costs a batch a second fetch. */
+ * batch's rows are read one at a time, and a loss while one row is read
+ * alone counts as a failed read of it (READ_FAILED: an attempt spent, a
+ * backoff, DEAD once its attempts are used up). */
 static void fetch_lost(struct relay *r, struct batch *b) {
-        if (!r->fetch_alone) {
-                if (++b->fetch_losses < 2)
-                        return;
-                size_t n = 0;
-                for (size_t i = 0; i < b->n; i++)
-                        if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
-                                b->rows[i].suspect = 1;
-                                n++;
-                        }
-                log_warn("relay",
-                         "fetches lost the connection twice: reading their rows one at a time",
-                         "rows=%zu", n);
+        if (r->fetch_alone) {
+                read_failed(r, b, "",
+                            "the database connection was lost while this row alone was read "
+                            "(a row whose read ends the server process?)");
                 return;
         }
-        for (size_t i = 0; i < b->n; i++) {
-                struct row *w = &b->rows[i];
-                if (w->stage != ROW_LOCKED || !w->asked)
-                        continue;
-                if (++w->lost_alone < 2)
-                        return;
-                w->permanent = 1;
-                batch_settle(b, i, DECIDE_DEAD, "INVALID_VALUE",
-                             "the database connection was lost twice while this row alone was "
-                             "read (a row whose text ends the server process)");
-                return;
-        }
+        size_t n = 0;
+        for (size_t i = 0; i < b->n; i++)
+                if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
+                        b->rows[i].suspect = 1;
+                        n++;
+                }
+        log_warn("relay", "a fetch lost the connection: reading its rows one at a time", "rows=%zu",
+                 n);
 }
 
 /* Connection c went down (failed to connect, or was lost): back off. */
@@ -884,14 +873,15 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
 }
 
 /* The one row a fetch asked for (read alone: a fetch with several failed)
- * failed with res: DEAD when the error says PostgreSQL cannot read it,
- * else FAILED (an attempt: a row that keeps failing so runs out of them). */
-static void read_failed(struct relay *r, struct batch *b, const struct db_result *res) {
+ * failed with sqlstate ("" for a lost connection) and message why: DEAD when
+ * the error says PostgreSQL cannot read it, else FAILED (an attempt: a row
+ * that keeps failing so runs out of them). */
+static void read_failed(struct relay *r, struct batch *b, const char *sqlstate, const char *why) {
         for (size_t i = 0; i < b->n; i++) {
                 struct row *w = &b->rows[i];
                 if (w->stage != ROW_LOCKED || !w->asked)
                         continue;
-                int unreadable = decide_row_unreadable(db_result_sqlstate(res));
+                int unreadable = decide_row_unreadable(sqlstate);
                 const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
                 if (!unreadable && p && (p->stage < ROW_SETTLED || p->mark != DECIDE_PUBLISHED)) {
                         /* the version before it was not acknowledged, so this
@@ -905,7 +895,7 @@ static void read_failed(struct relay *r, struct batch *b, const struct db_result
                 batch_settle(
                         b, i,
                         decide_failure(unreadable, 0, w->ev.attempt_count, r->cfg->max_attempts),
-                        unreadable ? "INVALID_VALUE" : "READ_FAILED", db_result_error(res));
+                        unreadable ? "INVALID_VALUE" : "READ_FAILED", why);
                 return;
         }
 }
@@ -930,7 +920,7 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                                 log_warn("relay", "a fetch failed: reading its rows one at a time",
                                          "rows=%zu sqlstate=%s", n, db_result_sqlstate(res));
                         } else {
-                                read_failed(r, b, res);
+                                read_failed(r, b, db_result_sqlstate(res), db_result_error(res));
                         }
                 } else if (*db_result_sqlstate(res)) {
                         stmt_failed(r, C_LOCK, RELAY_SQL_FETCH, res, now);
