@@ -59,18 +59,26 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                                 " RETURNING 1) SELECT count(*), count(*) FROM gone"},
         /* The same, keeping each aggregate's latest published row: the
          * consecutive-versions guard tells a gap from an aggregate's first
-         * version by it. A row whose next version is published already goes;
-         * a latest one is parked at 'infinity', out of this scan for good,
-         * and the row it replaces as its aggregate's latest goes. */
+         * version by it. A row below a published version of its aggregate
+         * goes (a probe of outbox_event_agg_published_idx, per row: a
+         * subquery with a LIMIT is never made a join); a latest one
+         * is parked at 'infinity', out of this scan for good, and the row it
+         * replaces as its aggregate's latest goes. */
         [S_DELETE_KEEP_LATEST] =
                 {"delete_keep_latest", "delete published", 2,
                  "WITH cand AS MATERIALIZED (SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
                  "  o.aggregate_id, o.aggregate_version,"
-                 "  (SELECT p.published_at IS NOT NULL FROM %1$s p"
-                 "   WHERE p.tenant_id = o.tenant_id AND p.aggregate_type = o.aggregate_type"
-                 "   AND p.aggregate_id = o.aggregate_id"
+                 "  (SELECT true FROM %1$s p WHERE p.published_at IS NOT NULL"
+                 "   AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,"
+                 "    hashtextextended(p.tenant_id, 0))) = hashtextextended(o.aggregate_id,"
+                 "    hashtextextended(o.aggregate_type, hashtextextended(o.tenant_id, 0)))"
                  "   AND p.aggregate_version > o.aggregate_version"
-                 "   ORDER BY p.aggregate_version LIMIT 1) AS superseded"
+                 "   AND p.tenant_id = o.tenant_id COLLATE \"C\""
+                 "   AND p.aggregate_type = o.aggregate_type COLLATE \"C\""
+                 "   AND p.aggregate_id = o.aggregate_id COLLATE \"C\""
+                 "   ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,"
+                 "    hashtextextended(p.tenant_id, 0))), p.aggregate_version"
+                 "   LIMIT 1) AS superseded"
                  "  FROM %1$s o WHERE o.published_at IS NOT NULL AND o.available_at <> 'infinity'"
                  "  AND o.published_at < now() - $1 * interval '1 second'"
                  "  ORDER BY o.published_at LIMIT $2 FOR UPDATE SKIP LOCKED),"

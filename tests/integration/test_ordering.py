@@ -340,10 +340,16 @@ def versions_left(db, agg):
 def test_retention_keeps_each_aggregates_latest_row_so_a_later_gap_is_seen(db, kafka, tmp_path):
     published_long_ago(db, "kept", [1, 2, 3])
     published_long_ago(db, "solo", [1])
+    # a late version 3, DEAD, between published 2 and 5: 2 is not the latest
+    published_long_ago(db, "late", [1, 2, 5])
+    db.execute("INSERT INTO %s (aggregate_type, aggregate_id, aggregate_version, event_type,"
+               " status, available_at, last_error_code) VALUES ('Order', 'late', 3, 'E3',"
+               " 'DEAD', 'infinity', 'LATE_VERSION')" % db.table)
     sweep_once(db, tmp_path, "sweep1")
     # versions 1 and 2 are gone; 3, the latest, stays, parked out of later scans
     assert versions_left(db, "kept") == [(3, True)]
     assert versions_left(db, "solo") == [(1, True)]
+    assert versions_left(db, "late") == [(3, True), (5, True)]
     # version 5 after it: the gap (4) is seen even though 1-3 are long published
     db.insert_events([row("kept", 5)])
     with Relay("outbox-relay", env=relay_env(db, kafka), log_dir=tmp_path) as relay:
