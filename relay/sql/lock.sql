@@ -23,8 +23,7 @@
 -- published one when two event types share the lowest version), then the
 -- update by ctid. The session turns off the plan types this statement never
 -- wants (sequential and bitmap scans, sorts an index can replace, hash and
--- merge joins), so no statistics can
--- change its shape.
+-- merge joins), so no statistics can change its shape.
 --
 -- An aggregate's key is a 64-bit hash of (tenant_id, aggregate_type,
 -- aggregate_id): the probes compare integers. Every probe also checks the
