@@ -19,6 +19,13 @@ enum { S_RESET_STALE, S_DELETE_PUBLISHED, S_DELETE_KEEP_LATEST, S_PARK, S_UNPARK
  * follow the published ones. */
 #define HOLDING "status = 'DEAD' AND last_error_code IS DISTINCT FROM 'LATE_VERSION'"
 
+/* Row a's aggregate key, as outbox_event_agg_published_idx has it. */
+#define AGG_KEY(a)                                                                                 \
+        "hashtextextended(" a ".aggregate_id, hashtextextended(" a ".aggregate_type,"              \
+        " hashtextextended(" a ".tenant_id, 0)))"
+#define P_KEY AGG_KEY("p")
+#define O_KEY AGG_KEY("o")
+
 const struct db_stmt db_table_stmts[S_COUNT] = {
         /* A lock older than the lock timeout ($1 s), through the due index
          * (none covers locked_at): a row is locked only once due, so its
@@ -69,15 +76,11 @@ const struct db_stmt db_table_stmts[S_COUNT] = {
                  "WITH cand AS MATERIALIZED (SELECT o.outbox_id, o.tenant_id, o.aggregate_type,"
                  "  o.aggregate_id, o.aggregate_version,"
                  "  (SELECT true FROM %1$s p WHERE p.published_at IS NOT NULL"
-                 "   AND hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,"
-                 "    hashtextextended(p.tenant_id, 0))) = hashtextextended(o.aggregate_id,"
-                 "    hashtextextended(o.aggregate_type, hashtextextended(o.tenant_id, 0)))"
-                 "   AND p.aggregate_version > o.aggregate_version"
+                 "   AND " P_KEY " = " O_KEY " AND p.aggregate_version > o.aggregate_version"
                  "   AND p.tenant_id = o.tenant_id COLLATE \"C\""
                  "   AND p.aggregate_type = o.aggregate_type COLLATE \"C\""
                  "   AND p.aggregate_id = o.aggregate_id COLLATE \"C\""
-                 "   ORDER BY hashtextextended(p.aggregate_id, hashtextextended(p.aggregate_type,"
-                 "    hashtextextended(p.tenant_id, 0))), p.aggregate_version"
+                 "   ORDER BY " P_KEY ", p.aggregate_version"
                  "   LIMIT 1) AS superseded"
                  "  FROM %1$s o WHERE o.published_at IS NOT NULL AND o.available_at <> 'infinity'"
                  "  AND o.published_at < now() - $1 * interval '1 second'"

@@ -261,6 +261,16 @@ int batch_suspects(const struct batch *b) {
         return 0;
 }
 
+size_t batch_suspect_asked(struct batch *b) {
+        size_t n = 0;
+        for (size_t i = 0; i < b->n; i++)
+                if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
+                        b->rows[i].suspect = 1;
+                        n++;
+                }
+        return n;
+}
+
 /* The row of b with ctid `tid` (6 bytes), or -1. */
 static long find_tid(const struct batch *b, const char *tid, int len) {
         if (len != 6)

@@ -106,6 +106,11 @@ int batch_fetch_list(struct batch *b, enum fetch_ask ask, struct buf *tids, stru
 /* Whether b has a row still to fetch that a failed fetch asked for. */
 int batch_suspects(const struct batch *b);
 
+/* Makes suspects of the rows still to fetch that b's latest fetch asked for
+ * (it failed, or lost its connection): each is read alone from now on, until
+ * read or settled. Returns how many. */
+size_t batch_suspect_asked(struct batch *b);
+
 /* Takes a fetch's answer (binary; relay/sql/fetch.sql) and fills the rows
  * it has: ROW_READY, or settled DEAD when a row cannot become a message
  * (larger than max_row bytes: MSG_SIZE_TOO_LARGE; occurred_at outside RFC

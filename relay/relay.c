@@ -300,7 +300,8 @@ static void mark_result(struct relay *r, struct db_result *res, double now);
 static void side_result(struct relay *r, struct db_result *res, double now);
 static void read_failed(struct relay *r, struct batch *b, const char *sqlstate, const char *why);
 
-/* The lock connection was lost while a fetch of b ran. A row whose text
+/* The lock connection was lost while a fetch of b ran (its answer says so:
+ * a statement running when the connection goes answers). A row whose text
  * kills the server process that computes it (a crash, or an operator's
  * pg_terminate_backend each time) would otherwise be fetched again for
  * ever, its attempts never spent, the server restarting every time: the
@@ -314,14 +315,8 @@ static void fetch_lost(struct relay *r, struct batch *b) {
                             "(a row whose read ends the server process?)");
                 return;
         }
-        size_t n = 0;
-        for (size_t i = 0; i < b->n; i++)
-                if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
-                        b->rows[i].suspect = 1;
-                        n++;
-                }
         log_warn("relay", "a fetch lost the connection: reading its rows one at a time", "rows=%zu",
-                 n);
+                 batch_suspect_asked(b));
 }
 
 /* Connection c went down (failed to connect, or was lost): back off. */
@@ -332,8 +327,6 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
                 cn->restarting = 0; /* closed on purpose: retry_at is set */
                 goto forget;
         }
-        if (c == C_LOCK && r->fetching)
-                fetch_lost(r, r->fetching);
         cn->failures++;
         int retry = cn->backoff_ms;
         if (r->stopping)
@@ -911,14 +904,9 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                         if (!r->fetch_alone) {
                                 /* something in one of its rows: each is read
                                  * alone until the one that fails is found */
-                                size_t n = 0;
-                                for (size_t i = 0; i < b->n; i++)
-                                        if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
-                                                b->rows[i].suspect = 1;
-                                                n++;
-                                        }
                                 log_warn("relay", "a fetch failed: reading its rows one at a time",
-                                         "rows=%zu sqlstate=%s", n, db_result_sqlstate(res));
+                                         "rows=%zu sqlstate=%s", batch_suspect_asked(b),
+                                         db_result_sqlstate(res));
                         } else {
                                 read_failed(r, b, db_result_sqlstate(res), db_result_error(res));
                         }
