@@ -102,8 +102,9 @@ END IF;
 -- versions, and the published ones, whose highest is one descent away
 -- however many unpublished versions lie above it (a version below it is
 -- late, whatever the state of those between). Each row is in one of the
--- two: an insert writes one entry, and so does the mark to PUBLISHED. The probes also check the three columns, so two
--- aggregates with the same key never decide for each other.
+-- two: an insert writes one entry, and so does the mark to PUBLISHED. The
+-- probes also check the three columns, so two aggregates with the same key
+-- never decide for each other.
 IF to_regclass(format('%I.outbox_event_agg_unpublished_idx', s)) IS NULL THEN
     CREATE INDEX outbox_event_agg_unpublished_idx
         ON outbox_event (hashtextextended(aggregate_id, hashtextextended(aggregate_type,
