@@ -127,7 +127,8 @@ enum side_task {
         SIDE_HELD,
         SIDE_HORIZON,
         SIDE_UNPARK,
-        SIDE_BLOCKERS
+        SIDE_BLOCKERS,
+        SIDE_INDEXES
 };
 
 struct relay {
@@ -182,6 +183,7 @@ struct relay {
         long long parked_unlogged; /* versions this relay parked, not yet logged */
         double parked_logged_at;
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
+        int indexes_checked;  /* the table's indexes were looked at (once a process) */
         /* times a take-back was wanted, and that count when the last one
          * was sent: a want that comes while one runs (a lock answer lost
          * meanwhile, whose rows are newer than its connection) outlives it */
@@ -1249,6 +1251,10 @@ static void side_work(struct relay *r, double now) {
                         return;
                 }
         }
+        if (!r->indexes_checked && stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
+                side_send(r, SIDE_INDEXES, RELAY_SQL_INDEXES, 0, NULL, now);
+                return;
+        }
         if (now >= r->next_sample && !r->stopping && stmt_may_run(r, RELAY_SQL_SAMPLE, now)) {
                 r->sample_started = now;
                 side_send(r, SIDE_SAMPLE, RELAY_SQL_SAMPLE, 0, NULL, now);
@@ -1390,6 +1396,33 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
                          db_result_value(res, k, 6));
 }
 
+/* After the index check: one line per index found missing, invalid or
+ * unused; the names are the statement's own constants. */
+static void indexes_seen(struct relay *r, const struct db_result *res) {
+        r->indexes_checked = 1;
+        for (int i = 0; i < db_result_rows(res); i++) {
+                const char *name = db_result_value(res, i, 0);
+                const char *finding = db_result_value(res, i, 1);
+                if (!strcmp(finding, "unused")) {
+                        log_info("relay",
+                                 "old guard index on the table: no relay of this version reads it;"
+                                 " once every relay is upgraded, drop it (DROP INDEX CONCURRENTLY)",
+                                 "index=%s", name);
+                } else if (!strcmp(finding, "missing")) {
+                        log_warn("relay",
+                                 "index missing: each lock statement reads far more of the table"
+                                 " than its batch; apply schemas/postgres (outboxctl migrate)",
+                                 "index=%s", name);
+                } else {
+                        log_warn("relay",
+                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed): each"
+                                 " lock statement reads far more of the table than its batch;"
+                                 " drop it and apply schemas/postgres again",
+                                 "index=%s", name);
+                }
+        }
+}
+
 /* Whether `task` is a step of the sampling chain (sample_next() sends the next). */
 static int in_sample_chain(enum side_task task) {
         return task == SIDE_SAMPLE || task == SIDE_GAPS || task == SIDE_HELD ||
@@ -1404,7 +1437,8 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                                       [SIDE_HELD] = RELAY_SQL_HELD,
                                       [SIDE_HORIZON] = RELAY_SQL_HORIZON,
                                       [SIDE_UNPARK] = RELAY_SQL_UNPARK,
-                                      [SIDE_BLOCKERS] = RELAY_SQL_BLOCKERS};
+                                      [SIDE_BLOCKERS] = RELAY_SQL_BLOCKERS,
+                                      [SIDE_INDEXES] = RELAY_SQL_INDEXES};
         r->side_task = SIDE_IDLE;
         if (task == SIDE_IDLE) {
                 db_result_free(res);
@@ -1454,6 +1488,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                 break;
         }
         case SIDE_BLOCKERS: blockers_seen(r, res); break;
+        case SIDE_INDEXES: indexes_seen(r, res); break;
         default: break;
         }
         db_result_free(res);
@@ -1696,7 +1731,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         s.prepare = 1ULL << RELAY_SQL_TAKE_BACK_OWN | 1ULL << RELAY_SQL_SAMPLE |
                                     1ULL << RELAY_SQL_GAPS | 1ULL << RELAY_SQL_HELD |
                                     1ULL << RELAY_SQL_HORIZON | 1ULL << RELAY_SQL_UNPARK |
-                                    1ULL << RELAY_SQL_BLOCKERS;
+                                    1ULL << RELAY_SQL_BLOCKERS | 1ULL << RELAY_SQL_INDEXES;
                 if (c == C_SIDE)
                         s.statement_timeout_ms = cfg->statement_timeout_ms * 6;
                 cn->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);

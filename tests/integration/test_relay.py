@@ -11,8 +11,9 @@ import pytest
 
 import harness
 from conftest import relay_env
-from harness import Relay, check_order, count_duplicates, header, make_events, read_topics, \
-    wait_until
+from harness import Relay, check_order, count_duplicates, free_port, header, make_events, \
+    read_topics, wait_until
+from observe import log_records, scrape
 
 FIXED_HEADERS = ["event-id", "event-type", "event-version", "tenant-id", "aggregate-type",
                  "aggregate-id", "aggregate-version", "occurred-at", "producer", "content-type"]
@@ -305,6 +306,41 @@ def test_upgrade_migration_from_status_indexes(db):
                " WHERE outbox_id = %%s" % t, (ids[2],))
     with pytest.raises(psycopg2.errors.CheckViolation, match="outbox_event_parked_check"):
         db.execute("UPDATE %s SET last_error_code = NULL WHERE outbox_id = %%s" % t, (ids[2],))
+
+
+def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
+    def checked(port):
+        # the index check comes before the first table sample on the side
+        # connection: once the sample's gauges are out, the check is done
+        return lambda: scrape(port).value("outbox_events", status="PENDING") is not None
+
+    db.insert_events(make_events(aggregates=5, versions=4))
+    port = free_port()
+    env = relay_env(db, kafka, OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
+    with Relay("outbox-relay", env=env, log_dir=tmp_path / "clean") as relay:
+        wait_until(checked(port), 20, what="the first table sample")
+        wait_until(published(db, 20), 30, what="rows published")
+        assert relay.stop() == 0
+        assert "index=" not in relay.log_text()
+
+    # what an operator can leave: a guard index never built, one whose
+    # CREATE INDEX CONCURRENTLY failed (invalid), the old guard index kept
+    db.execute("DROP INDEX %s.outbox_event_agg_published_idx" % db.schema)
+    db.execute("DROP INDEX %s.outbox_event_due_idx" % db.schema)
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        db.execute("CREATE UNIQUE INDEX CONCURRENTLY outbox_event_due_idx ON %s (aggregate_type)"
+                   % db.table)
+    db.execute("CREATE INDEX outbox_event_agg_idx ON %s (aggregate_id)" % db.table)
+    db.insert_events(make_events(aggregates=5, versions=2, id_prefix="n"))
+    with Relay("outbox-relay", env=env, log_dir=tmp_path / "left") as relay:
+        wait_until(checked(port), 20, what="the first table sample")
+        wait_until(published(db, 30), 30, what="rows published without the indexes")
+        assert relay.stop() == 0
+        found = {(r["level"], r.get("index")) for r in log_records(relay.log_text())
+                 if "index" in r}
+    assert found == {("warn", "outbox_event_agg_published_idx"),
+                     ("warn", "outbox_event_due_idx"),
+                     ("info", "outbox_event_agg_idx")}, found
 
 
 def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):

@@ -41,6 +41,7 @@ PARAMS = {
     "horizon": [],
     "blockers": ["pg_backend_pid()"],
     "unpark": ["10000"],
+    "indexes": [],
 }
 
 
