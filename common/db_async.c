@@ -604,6 +604,8 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
         if (db->running) {
                 db->done = result_new(r, "no answer");
                 db->running = NULL;
+                if (!db->done)
+                        goto no_memory;
                 db->phase = PQstatus(db->conn) == CONNECTION_OK ? DB_IDLE : DB_DOWN;
                 if (db->phase == DB_DOWN)
                         db_async_close(db);
@@ -619,8 +621,14 @@ lost:
                 db->done = result_new(NULL, "connection lost before the answer");
                 db->running = NULL;
                 db_async_close(db);
-                return DB_EV_RESULT;
+                return db->done ? DB_EV_RESULT : DB_EV_DOWN;
         }
+        db_async_close(db);
+        return DB_EV_DOWN;
+no_memory:
+        /* An answer with nowhere to go: the connection is closed, so the
+         * caller treats the statement as one a lost connection took. */
+        errstr_set(errstr, size, "out of memory for a statement's answer");
         db_async_close(db);
         return DB_EV_DOWN;
 }

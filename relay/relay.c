@@ -389,7 +389,7 @@ static void pump(struct relay *r, int c, double now) {
                 }
         } else if (ev == DB_EV_RESULT) {
                 struct db_result *res = db_async_result(cn->db);
-                if (!res)
+                if (!res) /* db_async_advance gives a result with this event */
                         return;
                 if (c == C_LOCK)
                         r->fetching ? fetch_result(r, res, now) : lock_result(r, res, now);
