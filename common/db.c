@@ -74,17 +74,6 @@ PGresult *db_run(struct db *db, const struct db_stmt *s, const char *const *para
         return NULL;
 }
 
-int db_run_count(struct db *db, const struct db_stmt *s, const char *const *params, long long *n,
-                 char *errstr, size_t size) {
-        PGresult *r = db_run(db, s, params, PGRES_COMMAND_OK, errstr, size);
-        *n = 0;
-        if (!r)
-                return -1;
-        *n = strtoll(PQcmdTuples(r), NULL, 10);
-        PQclear(r);
-        return 0;
-}
-
 int db_prepare(struct db *db, const struct db_stmt *stmts, size_t n, const char *arg2, char *errstr,
                size_t size) {
         struct buf sql = {0};
@@ -146,12 +135,8 @@ int db_connect(struct db *db, char *errstr, size_t errstr_size) {
                 errstr_set(errstr, errstr_size, "connect: %s", PQerrorMessage(db->conn));
                 goto fail;
         }
-        if (db->after_connect) {
-                if (db->after_connect(db, errstr, errstr_size))
-                        goto fail;
-        } else if (db_prepare(db, db_table_stmts, db_table_stmt_count, "", errstr, errstr_size)) {
+        if (db->after_connect && db->after_connect(db, errstr, errstr_size))
                 goto fail;
-        }
         return 0;
 fail:
         db_disconnect(db);

@@ -60,10 +60,6 @@ struct db_stmt {
         const char *sql;
 };
 
-/* The statement table of db_table.c (the sweeper's). */
-extern const struct db_stmt db_table_stmts[];
-extern const size_t db_table_stmt_count;
-
 /* The operator statements of db_admin.c that need no temp table: prepared
  * at connect on an admin connection (db_admin_prepare()), never by the
  * daemons. */
@@ -105,9 +101,5 @@ int db_exec_simple(struct db *db, const char *sql, char *errstr, size_t size);
  * the connection dropped if it was lost. */
 PGresult *db_run(struct db *db, const struct db_stmt *s, const char *const *params,
                  ExecStatusType want, char *errstr, size_t size);
-
-/* db_run() for a statement that changes rows: *n gets how many. */
-int db_run_count(struct db *db, const struct db_stmt *s, const char *const *params, long long *n,
-                 char *errstr, size_t size);
 
 #endif

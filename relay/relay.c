@@ -1293,8 +1293,8 @@ static void sample_next(struct relay *r, enum side_task done, double now) {
          * does not leave unparking to a sweeper that may not run) */
         if (done == SIDE_HORIZON && r->parked_seen > 0 && stmt_may_run(r, RELAY_SQL_UNPARK, now)) {
                 snprintf(max, sizeof max, "%d", UNPARK_LIMIT);
-                const char *params[1] = {max};
-                side_send(r, SIDE_UNPARK, RELAY_SQL_UNPARK, 1, params, now);
+                const char *params[2] = {max, "0"}; /* only what no DEAD version holds */
+                side_send(r, SIDE_UNPARK, RELAY_SQL_UNPARK, 2, params, now);
                 return;
         }
         /* the chain is done: time the next sample by how long this one took */

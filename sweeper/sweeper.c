@@ -8,10 +8,12 @@
 #include "clock.h"
 #include "db.h"
 #include "db_async.h"
+#include "errstr.h"
 #include "health.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
+#include "sweeper_sql.h"
 
 /* Rows per parking statement, in OUTBOX_DELETE_BATCH: parking is one pass
  * over a queue that may be long, each statement reading the parked range
@@ -56,7 +58,9 @@ struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *e
          * statement timeout than the relay's, the same lock timeout. */
         struct db_session session = {.app_name = "outbox-sweeper",
                                      .statement_timeout_ms = cfg->statement_timeout_ms * 6,
-                                     .lock_timeout_ms = cfg->db_lock_timeout_ms};
+                                     .lock_timeout_ms = cfg->db_lock_timeout_ms,
+                                     .sql = sweeper_sql,
+                                     .nsql = SWEEPER_SQL_COUNT};
         if (!s->db || !s->health || db_async_configure(s->db, &session) != 0) {
                 snprintf(errstr, errstr_size, "out of memory");
                 sweeper_destroy(s);
@@ -79,6 +83,54 @@ void sweeper_destroy(struct sweeper *s) {
         free(s);
 }
 
+/* Runs statement `stmt` (sweeper/sql, common/sql) with the integer
+ * parameters `args`: its answer, or NULL with errstr
+ * "<statement>: <why>", counted in outbox_statement_errors_total, and the
+ * connection dropped when a new session would cure it (the table changed
+ * under the prepared statements) or it was lost. */
+static struct db_result *run(struct sweeper *s, int stmt, int n, const long long *args,
+                             char *errstr, size_t size) {
+        char text[3][24];
+        const char *params[3];
+        const char *name = sweeper_sql[stmt].name;
+        if (!db_connected(s->db)) {
+                errstr_set(errstr, size, "%s: not connected", name);
+                return NULL;
+        }
+        for (int i = 0; i < n && i < 3; i++) {
+                snprintf(text[i], sizeof text[i], "%lld", args[i]);
+                params[i] = text[i];
+        }
+        char why[512];
+        struct db_result *res = db_exec(s->db, stmt, n, params, 0, why, sizeof why);
+        if (res && db_result_ok(res))
+                return res;
+        const char *state = res ? db_result_sqlstate(res) : "";
+        errstr_set(errstr, size, "%s: %s", name, res ? db_result_error(res) : why);
+        metrics_add2(M_STATEMENT_ERRORS, name, state, 1);
+        if (db_fault_of(state) == DB_FAULT_SESSION)
+                db_disconnect(s->db);
+        db_result_free(res);
+        return NULL;
+}
+
+/* Runs a statement whose answer is one row of `n` counts. */
+static int counts_of(struct sweeper *s, int stmt, int nargs, const long long *args,
+                     long long *counts, int n, char *errstr, size_t size) {
+        for (int i = 0; i < n; i++)
+                counts[i] = 0;
+        struct db_result *res = run(s, stmt, nargs, args, errstr, size);
+        if (!res)
+                return -1;
+        int rc = 0;
+        if (db_result_rows(res) != 1 || db_result_cols(res) != n)
+                rc = errstr_set(errstr, size, "%s: unexpected answer", sweeper_sql[stmt].name);
+        for (int i = 0; rc == 0 && i < n; i++)
+                counts[i] = strtoll(db_result_value(res, 0, i), NULL, 10);
+        db_result_free(res);
+        return rc;
+}
+
 /* Versions behind a DEAD one (docs/DESIGN.md, "The sweeper"): unpark
  * first, so a requeued aggregate flows again this sweep, then park. A
  * failure is logged and the sweep goes on to retention (e.g. a table whose
@@ -92,7 +144,9 @@ static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_re
         char err[512];
         long long n;
         do {
-                if (db_unpark_blocked(s->db, !ordered, batch, &n, err, sizeof err) != 0)
+                /* every parked version when nothing is held (ordering none) */
+                long long args[2] = {batch, !ordered};
+                if (counts_of(s, SWEEPER_SQL_UNPARK, 2, args, &n, 1, err, sizeof err) != 0)
                         goto fail;
                 res->unparked += n;
                 beat(s);
@@ -101,8 +155,13 @@ static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_re
                 log_info("sweeper", "parked versions due again", "rows=%lld", res->unparked);
         if (ordered && !*stop)
                 do {
-                        if (db_park_blocked(s->db, batch, &n, err, sizeof err) != 0)
+                        long long args[1] = {batch};
+                        struct db_result *r =
+                                run(s, SWEEPER_SQL_PARK_BLOCKED, 1, args, err, sizeof err);
+                        if (!r)
                                 goto fail;
+                        n = db_result_changed(r);
+                        db_result_free(r);
                         res->parked += n;
                         beat(s);
                 } while (n >= batch && !*stop);
@@ -122,13 +181,16 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         res->stale_reset = res->deleted = res->parked = res->unparked = 0;
         res->statements = 0;
         /* Stale locks first: they hold up whole aggregates. */
-        long long dead, dead_total = 0;
+        long long dead_total = 0;
         do {
-                if (db_reset_stale(s->db, cfg->lock_timeout_s, cfg->max_attempts, cfg->delete_batch,
-                                   &n, &dead, errstr, errstr_size) != 0)
+                long long args[3] = {cfg->lock_timeout_s, cfg->delete_batch, cfg->max_attempts};
+                long long got[2]; /* reset, of those DEAD */
+                if (counts_of(s, SWEEPER_SQL_RESET_STALE, 3, args, got, 2, errstr, errstr_size) !=
+                    0)
                         return -1;
+                n = got[0];
                 res->stale_reset += n;
-                dead_total += dead;
+                dead_total += got[1];
                 metrics_add(M_SWEEPER_STALE_RESET, NULL, (double)n);
                 beat(s);
         } while (n >= cfg->delete_batch && !*stop);
@@ -149,9 +211,15 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         int keep_latest = cfg->ordering == ORDERING_AGGREGATE && cfg->retention_keep_latest;
         long long seen;
         do {
-                if (db_delete_published(s->db, cfg->retention_s, cfg->delete_batch, keep_latest, &n,
-                                        &seen, errstr, errstr_size) != 0)
+                long long args[2] = {cfg->retention_s, cfg->delete_batch};
+                long long got[2]; /* deleted, looked at */
+                if (counts_of(s,
+                              keep_latest ? SWEEPER_SQL_DELETE_KEEP_LATEST
+                                          : SWEEPER_SQL_DELETE_PUBLISHED,
+                              2, args, got, 2, errstr, errstr_size) != 0)
                         return -1;
+                n = got[0];
+                seen = got[1];
                 res->deleted += n;
                 res->statements++;
                 metrics_add(M_SWEEPER_DELETED, NULL, (double)n);

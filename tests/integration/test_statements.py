@@ -1,5 +1,5 @@
-"""The relay's statements as they stand in relay/sql/*.sql: each one is printed,
-prepared and EXPLAINed on a real server, and no lock statement's plan depends on
+"""The daemons' statements as they stand in relay/sql, sweeper/sql and
+common/sql: each one is printed, prepared and EXPLAINed on a real server, and no lock statement's plan depends on
 the planner's statistics: with the statistics of an idle outbox (everything
 published, then a burst the planner has not seen) a 500-row lock takes at most
 1.5 times what it takes with fresh statistics, in a 100k-row backlog
@@ -15,6 +15,8 @@ import pytest
 from harness import Postgres, TestSchema, make_events, repo_root
 
 SQL_DIR = os.path.join(repo_root(), "relay", "sql")
+SQL_DIRS = [SQL_DIR, os.path.join(repo_root(), "sweeper", "sql"),
+            os.path.join(repo_root(), "common", "sql")]
 
 # What the relay's lock and mark sessions set (common/db_async.c, send_session):
 # the plan types its statements never want are off, generic plans.
@@ -40,13 +42,17 @@ PARAMS = {
     "held": ["'{}'::bigint[]"],
     "horizon": [],
     "blockers": ["pg_backend_pid()"],
-    "unpark": ["10000"],
+    "unpark": ["10000", "0"],
+    "reset_stale": ["300", "1000", "10"],
+    "delete_published": ["86400", "1000"],
+    "delete_keep_latest": ["86400", "1000"],
+    "park_blocked": ["10000"],
     "indexes": [],
 }
 
 
 def statements():
-    return sorted(glob.glob(os.path.join(SQL_DIR, "*.sql")))
+    return sorted(p for d in SQL_DIRS for p in glob.glob(os.path.join(d, "*.sql")))
 
 
 def text_for(db, path):
@@ -65,7 +71,8 @@ def pg():
 
 def test_every_statement_file_has_its_parameters_listed():
     names = {os.path.basename(p)[:-4] for p in statements()}
-    assert names == set(PARAMS), "relay/sql changed: list the new statement's parameters"
+    assert len(names) == len(statements()), "two statement files of one name"
+    assert names == set(PARAMS), "a statement file changed: list the new statement's parameters"
 
 
 @pytest.mark.parametrize("path", statements(), ids=lambda p: os.path.basename(p)[:-4])

@@ -1,11 +1,15 @@
 -- unpark: makes due again the versions parked behind a DEAD version once no
 -- DEAD version of their aggregate is below them (requeued, deleted or
--- published by hand), as the sweeper's parking step does (docs/DESIGN.md,
--- "The sweeper", step 2). The relay parks such versions in its lock
--- statement; this returns them without waiting for a sweep, also those a
--- lock statement parked while an operator requeued their DEAD version in the
--- same moment (no sweeper need run for them to go).
+-- published by hand): the sweeper's parking step (docs/DESIGN.md, "The
+-- sweeper", step 2) runs it, and so does the relay after a table sample that
+-- counted parked versions. The relay parks such versions in its lock
+-- statement; it returns them without waiting for a sweep, also those a lock
+-- statement parked while an operator requeued their DEAD version in the same
+-- moment (no sweeper need run for them to go). A LATE_VERSION row holds
+-- nothing (park_blocked.sql says why).
 --   $1 int  rows at most
+--   $2 int  1: every parked version, whatever is below it (OUTBOX_ORDERING
+--           none, where nothing is held); 0: those no DEAD version holds
 -- Returns the number of rows made due.
 --
 -- Plan: one read and sort of the parked range (available_at 'infinity' among
@@ -27,7 +31,7 @@ WITH due AS (
           FROM :table p
           WHERE p.published_at IS NULL AND p.available_at = 'infinity') inf
     WHERE inf.status IN ('PENDING', 'FAILED')
-      AND (inf.dead_v IS NULL OR inf.aggregate_version < inf.dead_v)
+      AND (inf.dead_v IS NULL OR inf.aggregate_version < inf.dead_v OR $2 = 1)
     LIMIT $1))
     AND o.published_at IS NULL AND o.available_at = 'infinity'
     AND o.status IN ('PENDING', 'FAILED')
