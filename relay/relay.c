@@ -1222,7 +1222,8 @@ static long oldest_gen(const struct relay *r) {
 
 /* Step: the side connection's work, one statement at a time: take back what
  * this relay id holds that no batch has; tell who blocks a statement that
- * waits; sample the table (then its gaps, what they hold, the horizon). */
+ * waits; once, check the table's indexes; sample the table (then its gaps,
+ * what they hold, the horizon). */
 static void side_work(struct relay *r, double now) {
         if (!idle(r, C_SIDE) || now < r->side_not_before)
                 return;
@@ -1251,7 +1252,7 @@ static void side_work(struct relay *r, double now) {
                         return;
                 }
         }
-        if (!r->indexes_checked && stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
+        if (!r->indexes_checked && !r->stopping && stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
                 side_send(r, SIDE_INDEXES, RELAY_SQL_INDEXES, 0, NULL, now);
                 return;
         }
@@ -1396,30 +1397,36 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
                          db_result_value(res, k, 6));
 }
 
-/* After the index check: one line per index found missing, invalid or
- * unused; the names are the statement's own constants. */
+/* After the index check: one line per index found missing, invalid, being
+ * built or unused; the names are the statement's own constants. */
 static void indexes_seen(struct relay *r, const struct db_result *res) {
         r->indexes_checked = 1;
         for (int i = 0; i < db_result_rows(res); i++) {
                 const char *name = db_result_value(res, i, 0);
-                const char *finding = db_result_value(res, i, 1);
-                if (!strcmp(finding, "unused")) {
+                const char *file = db_result_value(res, i, 1);
+                const char *finding = db_result_value(res, i, 2);
+                if (!strcmp(finding, "unused"))
                         log_info("relay",
                                  "old guard index on the table: no relay of this version reads it;"
                                  " once every relay is upgraded, drop it (DROP INDEX CONCURRENTLY)",
                                  "index=%s", name);
-                } else if (!strcmp(finding, "missing")) {
-                        log_warn("relay",
-                                 "index missing: each lock statement reads far more of the table"
-                                 " than its batch; apply schemas/postgres (outboxctl migrate)",
+                else if (!strcmp(finding, "building"))
+                        log_info("relay",
+                                 "index being built (CREATE INDEX CONCURRENTLY): until it is valid,"
+                                 " the statements written for it read far more of the table",
                                  "index=%s", name);
-                } else {
+                else if (!strcmp(finding, "missing"))
                         log_warn("relay",
-                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed): each"
-                                 " lock statement reads far more of the table than its batch;"
-                                 " drop it and apply schemas/postgres again",
-                                 "index=%s", name);
-                }
+                                 "index missing: the statements written for it read far more of"
+                                 " the table than they need; build it as the file defines it"
+                                 " (CREATE INDEX CONCURRENTLY)",
+                                 "index=%s file=schemas/postgres/%s", name, file);
+                else
+                        log_warn("relay",
+                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed): the"
+                                 " statements written for it read far more of the table than they"
+                                 " need; drop it and build it again as the file defines it",
+                                 "index=%s file=schemas/postgres/%s", name, file);
         }
 }
 
@@ -1448,6 +1455,10 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
         if (!db_result_ok(res)) {
                 if (*db_result_sqlstate(res))
                         stmt_failed(r, C_SIDE, stmt, res, now);
+                /* the index check only informs: an error (logged above) is
+                 * not tried again, so it never makes the relay not ready */
+                if (task == SIDE_INDEXES && *db_result_sqlstate(res))
+                        r->indexes_checked = 1;
                 if (in_sample_chain(task))
                         r->next_sample = now + SAMPLE_INTERVAL_S;
                 db_result_free(res);
