@@ -4,6 +4,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "clock.h"
 #include "db.h"
@@ -97,16 +98,28 @@ static struct db_result *run(struct sweeper *s, int stmt, int n, const long long
                 errstr_set(errstr, size, "%s: not connected", name);
                 return NULL;
         }
-        for (int i = 0; i < n && i < 3; i++) {
+        if (n > 3) {
+                errstr_set(errstr, size, "%s: more than 3 parameters", name);
+                return NULL;
+        }
+        for (int i = 0; i < n; i++) {
                 snprintf(text[i], sizeof text[i], "%lld", args[i]);
                 params[i] = text[i];
         }
-        char why[512];
+        char why[512] = "";
         struct db_result *res = db_exec(s->db, stmt, n, params, 0, why, sizeof why);
         if (res && db_result_ok(res))
                 return res;
         const char *state = res ? db_result_sqlstate(res) : "";
-        errstr_set(errstr, size, "%s: %s", name, res ? db_result_error(res) : why);
+        size_t len = strlen(name);
+        if (!res && !strncmp(why, name, len) && why[len] == ':')
+                errstr_set(errstr, size, "%s", why); /* not sent: it names the statement */
+        else if (!res)
+                errstr_set(errstr, size, "%s: %s", name, why);
+        else if (!*state && *why) /* lost before the answer: libpq says why */
+                errstr_set(errstr, size, "%s: %s (%s)", name, db_result_error(res), why);
+        else
+                errstr_set(errstr, size, "%s: %s", name, db_result_error(res));
         metrics_add2(M_STATEMENT_ERRORS, name, state, 1);
         if (db_fault_of(state) == DB_FAULT_SESSION)
                 db_disconnect(s->db);
