@@ -1423,9 +1423,11 @@ static void indexes_seen(struct relay *r, const struct db_result *res) {
                                  "index=%s file=schemas/postgres/%s", name, file);
                 else
                         log_warn("relay",
-                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed): the"
-                                 " statements written for it read far more of the table than they"
-                                 " need; drop it and build it again as the file defines it",
+                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed, or one"
+                                 " still running that this role cannot see): the statements"
+                                 " written for it read far more of the table than they need; once"
+                                 " no build runs, drop it and build it again as the file defines"
+                                 " it",
                                  "index=%s file=schemas/postgres/%s", name, file);
         }
 }

@@ -6,7 +6,9 @@
 --             of the table than they need
 --   invalid   left by a CREATE INDEX CONCURRENTLY that failed: the planner
 --             does not use it, so the same
---   building  a CREATE INDEX CONCURRENTLY of it is running
+--   building  a CREATE INDEX CONCURRENTLY of it is running (seen only when
+--             this role may read the build's progress: the same role, or
+--             one with pg_read_all_stats; else it is invalid)
 --   unused    outbox_event_agg_idx, which 007_guard_split.sql keeps for older
 --             relays: nothing of this version reads it, each insert and mark
 --             still writes it
