@@ -183,7 +183,7 @@ struct relay {
         long long parked_unlogged; /* versions this relay parked, not yet logged */
         double parked_logged_at;
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
-        int indexes_checked;  /* the table's indexes were looked at (once a process) */
+        int indexes_checked;  /* the table's indexes were looked at (indexes.sql) */
         /* times a take-back was wanted, and that count when the last one
          * was sent: a want that comes while one runs (a lock answer lost
          * meanwhile, whose rows are newer than its connection) outlives it */
@@ -268,6 +268,13 @@ static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result
         if (st->failures == 1 || strcmp(st->sqlstate, state) != 0)
                 log_warn("db", "statement failing", "statement=%s sqlstate=%s retry_ms=%d err=%s",
                          relay_sql[stmt].name, state, retry, db_result_error(res));
+        /* a lock statement that starts to time out may have lost an index
+         * it is written for (dropped, or rebuilt and left invalid): the
+         * index check says so, once per such start */
+        int lock = stmt == RELAY_SQL_LOCK || stmt == RELAY_SQL_LOCK_NONE;
+        if (lock && !strcmp(state, "57014") &&
+            (st->failures == 1 || strcmp(st->sqlstate, state) != 0))
+                r->indexes_checked = 0;
         snprintf(st->sqlstate, sizeof st->sqlstate, "%s", state);
         snprintf(st->error, sizeof st->error, "%s", db_result_error(res));
         if (fault == DB_FAULT_SESSION) {
@@ -1397,8 +1404,7 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
                          db_result_value(res, k, 6));
 }
 
-/* After the index check: one line per index found missing, invalid, being
- * built or unused; the names are the statement's own constants. */
+/* After the index check: one line per finding (indexes.sql lists them). */
 static void indexes_seen(struct relay *r, const struct db_result *res) {
         r->indexes_checked = 1;
         for (int i = 0; i < db_result_rows(res); i++) {
@@ -1410,6 +1416,17 @@ static void indexes_seen(struct relay *r, const struct db_result *res) {
                                  "old guard index on the table: no relay of this version reads it;"
                                  " once every relay is upgraded, drop it (DROP INDEX CONCURRENTLY)",
                                  "index=%s", name);
+                else if (!strcmp(finding, "in_use"))
+                        log_warn("relay",
+                                 "old guard index on the table, read in place of a guard index"
+                                 " missing or not valid: keep it until both are built",
+                                 "index=%s file=schemas/postgres/%s", name, file);
+                else if (!strcmp(finding, "different"))
+                        log_warn("relay",
+                                 "index differs from its definition: the statements written for it"
+                                 " read far more of the table than they need; build it again as"
+                                 " the file defines it",
+                                 "index=%s file=schemas/postgres/%s", name, file);
                 else if (!strcmp(finding, "building"))
                         log_info("relay",
                                  "index being built (CREATE INDEX CONCURRENTLY): until it is valid,"
@@ -1458,7 +1475,8 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                 if (*db_result_sqlstate(res))
                         stmt_failed(r, C_SIDE, stmt, res, now);
                 /* the index check only informs: an error (logged above) is
-                 * not tried again, so it never makes the relay not ready */
+                 * not tried again until a lock statement starts to time out,
+                 * and never makes the relay not ready */
                 if (task == SIDE_INDEXES && *db_result_sqlstate(res))
                         r->indexes_checked = 1;
                 if (in_sample_chain(task))
@@ -1563,9 +1581,9 @@ static void report_health(struct relay *r, double now) {
                 health_set(r->health, H_TABLE, 1, "%s", db_table_name(r->conns[C_LOCK].db));
         health_set(r->health, H_KAFKA, kafka_broker_up(r->kafka), "%s",
                    kafka_broker_up(r->kafka) ? "a broker is reachable" : "no broker reachable");
-        int worst = -1;
+        int worst = -1; /* the index check only informs: never a cause */
         for (int s = 0; s < RELAY_SQL_COUNT; s++)
-                if (r->stmts[s].failures >= 2 &&
+                if (s != RELAY_SQL_INDEXES && r->stmts[s].failures >= 2 &&
                     (worst < 0 || r->stmts[s].failures > r->stmts[worst].failures))
                         worst = s;
         if (worst >= 0)

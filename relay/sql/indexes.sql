@@ -1,33 +1,69 @@
 -- indexes: the table's indexes this relay's statements are written for
--- (schemas/postgres, by the names its files give them), asked once a process.
+-- (schemas/postgres), asked once a process and again when a lock statement
+-- starts to time out. Each index is known by its definition (key columns and
+-- predicate), whatever its name, so a table made from the files under
+-- another name is checked too; the names below are the files' own.
 -- Returns one row per finding: an index's name, the file that defines it,
 -- and what was found:
---   missing   not on the table: the statements written for it read far more
---             of the table than they need
---   invalid   left by a CREATE INDEX CONCURRENTLY that failed: the planner
---             does not use it, so the same
---   building  a CREATE INDEX CONCURRENTLY of it is running (seen only when
---             this role may read the build's progress: the same role, or
---             one with pg_read_all_stats; else it is invalid)
---   unused    outbox_event_agg_idx, which 007_guard_split.sql keeps for older
---             relays: nothing of this version reads it, each insert and mark
---             still writes it
-WITH want(name, file) AS (
-  VALUES ('outbox_event_due_idx', '001_outbox_event.sql'),
-         ('outbox_event_agg_unpublished_idx', '007_guard_split.sql'),
-         ('outbox_event_agg_published_idx', '007_guard_split.sql')),
-have AS (
+--   missing    none on the table: the statements written for it read far
+--              more of the table than they need
+--   different  an index of the file's name whose definition is not the
+--              file's: the same
+--   invalid    left by a CREATE INDEX CONCURRENTLY that failed, or one still
+--              running that this role cannot see: the planner does not use
+--              it, so the same
+--   building   a CREATE INDEX CONCURRENTLY of it is running (seen only when
+--              this role may read the build's progress: the same role, or
+--              one with pg_read_all_stats; else it is invalid)
+--   unused     the guard index of relays before 007_guard_split.sql, which
+--              that file keeps for them: nothing of this version reads it
+--              while both guard indexes are valid; each insert and mark
+--              still writes it
+--   in_use     the same index while a guard index is missing or not valid:
+--              the probes read it in their place
+WITH idx AS MATERIALIZED (
   SELECT c.relname::text AS name, i.indisvalid AS valid,
          EXISTS (SELECT 1 FROM pg_stat_progress_create_index p
-                 WHERE p.index_relid = i.indexrelid) AS building
-  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-  WHERE i.indrelid = to_regclass(:'table'))
-SELECT w.name, w.file,
-       CASE WHEN h.name IS NULL THEN 'missing' WHEN h.building THEN 'building'
-            ELSE 'invalid' END
-FROM want w LEFT JOIN have h ON h.name = w.name
-WHERE h.valid IS NOT TRUE
+                 WHERE p.index_relid = i.indexrelid) AS building,
+         CASE
+           WHEN k.k1 = 'available_at' AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 2
+                AND k.pred = 'published_at IS NULL' THEN 'due'
+           WHEN k.hashed AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 2
+                AND k.pred = 'published_at IS NULL' THEN 'unpublished'
+           WHEN k.hashed AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 2
+                AND k.pred = 'published_at IS NOT NULL' THEN 'published'
+           WHEN k.hashed AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 3
+                AND pg_get_indexdef(i.indexrelid, 3, true) = '(published_at IS NULL)'
+                AND k.pred IS NULL THEN 'old'
+         END AS role
+  FROM pg_index i
+  JOIN pg_class c ON c.oid = i.indexrelid
+  CROSS JOIN LATERAL (
+    SELECT pg_get_indexdef(i.indexrelid, 1, true) AS k1,
+           pg_get_indexdef(i.indexrelid, 1, true) LIKE 'hashtextextended(aggregate_id,'
+             || ' hashtextextended(aggregate_type, hashtextextended(tenant_id, 0%' AS hashed,
+           pg_get_indexdef(i.indexrelid, 2, true) AS k2,
+           pg_get_expr(i.indpred, i.indrelid, true) AS pred) k
+  WHERE i.indrelid = to_regclass(:'table')),
+want(role, name, file) AS (
+  VALUES ('due', 'outbox_event_due_idx', '001_outbox_event.sql'),
+         ('unpublished', 'outbox_event_agg_unpublished_idx', '007_guard_split.sql'),
+         ('published', 'outbox_event_agg_published_idx', '007_guard_split.sql')),
+lacking AS (
+  SELECT w.* FROM want w
+  WHERE NOT EXISTS (SELECT 1 FROM idx x WHERE x.role = w.role AND x.valid))
+SELECT w.name, w.file, 'missing'
+FROM lacking w
+WHERE NOT EXISTS (SELECT 1 FROM idx x WHERE x.role = w.role OR x.name = w.name)
 UNION ALL
-SELECT h.name, '007_guard_split.sql', 'unused'
-FROM have h
-WHERE h.name = 'outbox_event_agg_idx'
+SELECT x.name, w.file, 'different'
+FROM lacking w JOIN idx x ON x.name = w.name AND x.role IS DISTINCT FROM w.role
+UNION ALL
+SELECT x.name, w.file, CASE WHEN x.building THEN 'building' ELSE 'invalid' END
+FROM lacking w JOIN idx x ON x.role = w.role
+UNION ALL
+SELECT x.name, '007_guard_split.sql',
+       CASE WHEN EXISTS (SELECT 1 FROM lacking l WHERE l.role <> 'due') THEN 'in_use'
+            ELSE 'unused' END
+FROM idx x
+WHERE x.role = 'old'

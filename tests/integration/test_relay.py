@@ -315,6 +315,19 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
         # connection: once the sample's gauges are out, the check is done
         return lambda: scrape(port).value("outbox_events", status="PENDING") is not None
 
+    def findings(relay):
+        return sorted((r["level"], r["msg"].split(":")[0].split(" (")[0].split(",")[0],
+                       r["index"], r.get("file"))
+                      for r in log_records(relay.log_text()) if "index" in r)
+
+    hashed = ("hashtextextended(aggregate_id, hashtextextended(aggregate_type,"
+              " hashtextextended(tenant_id, 0)))")
+    # the guard index of relays before 007, which 007 keeps; the unpublished
+    # guard index under a name of the operator's: known by its definition
+    db.execute("CREATE INDEX outbox_event_agg_idx ON %s (%s, aggregate_version,"
+               " (published_at IS NULL))" % (db.table, hashed))
+    db.execute("ALTER INDEX %s.outbox_event_agg_unpublished_idx RENAME TO my_unpublished"
+               % db.schema)
     db.insert_events(make_events(aggregates=5, versions=4))
     port = free_port()
     env = relay_env(db, kafka, OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
@@ -322,33 +335,38 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
         wait_until(checked(port), 20, what="the first table sample")
         wait_until(published(db, 20), 30, what="rows published")
         assert relay.stop() == 0
-        records = log_records(relay.log_text())
-        assert not [r for r in records if "index" in r or r.get("statement") == "indexes"]
+        assert not [r for r in log_records(relay.log_text()) if r.get("statement") == "indexes"]
+        # each finding once: the check runs once a process
+        assert findings(relay) == [
+            ("info", "old guard index on the table", "outbox_event_agg_idx", None)]
 
     # what an operator can leave: a guard index never built, one whose
-    # CREATE INDEX CONCURRENTLY failed (invalid), the old guard index kept
+    # CREATE INDEX CONCURRENTLY failed (invalid); the old guard index then
+    # stands in for the missing one
     db.execute("DROP INDEX %s.outbox_event_agg_published_idx" % db.schema)
     db.execute("DROP INDEX %s.outbox_event_due_idx" % db.schema)
-    with pytest.raises(psycopg2.errors.UniqueViolation):
-        db.execute("CREATE UNIQUE INDEX CONCURRENTLY outbox_event_due_idx ON %s (aggregate_type)"
-                   % db.table)
-    db.execute("CREATE INDEX outbox_event_agg_idx ON %s (aggregate_id)" % db.table)
+    # inserted together: the aggregates' versions share their available_at
     db.insert_events(make_events(aggregates=5, versions=2, id_prefix="n"))
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        db.execute("CREATE UNIQUE INDEX CONCURRENTLY outbox_event_due_idx ON %s"
+                   " (available_at, aggregate_version) WHERE published_at IS NULL" % db.table)
     with Relay("outbox-relay", env=env, log_dir=tmp_path / "left") as relay:
         wait_until(checked(port), 20, what="the first table sample")
         wait_until(published(db, 30), 30, what="rows published without the indexes")
         assert relay.stop() == 0
-        found = sorted((r["level"], r["msg"].split(":")[0].split(" (")[0], r["index"],
-                        r.get("file")) for r in log_records(relay.log_text()) if "index" in r)
-    # each once: the check runs once a process
-    assert found == [
-        ("info", "old guard index on the table", "outbox_event_agg_idx", None),
-        ("warn", "index invalid", "outbox_event_due_idx", "schemas/postgres/001_outbox_event.sql"),
-        ("warn", "index missing", "outbox_event_agg_published_idx",
-         "schemas/postgres/007_guard_split.sql")], found
+        assert findings(relay) == [
+            ("warn", "index invalid", "outbox_event_due_idx",
+             "schemas/postgres/001_outbox_event.sql"),
+            ("warn", "index missing", "outbox_event_agg_published_idx",
+             "schemas/postgres/007_guard_split.sql"),
+            ("warn", "old guard index on the table", "outbox_event_agg_idx",
+             "schemas/postgres/007_guard_split.sql")]
 
-    # the build the upgrade notes advise, under way: CREATE INDEX CONCURRENTLY
-    # waiting for a transaction that holds the table
+    # a guard index built by hand with the wrong predicate, and the build the
+    # upgrade notes advise under way: CREATE INDEX CONCURRENTLY waiting for a
+    # transaction that holds the table
+    db.execute("CREATE INDEX outbox_event_agg_published_idx ON %s (%s, aggregate_version)"
+               " WHERE published_at IS NULL" % (db.table, hashed))
     db.execute("DROP INDEX %s.outbox_event_due_idx" % db.schema)
     holder = db.pg.connect()
     holder.autocommit = False
@@ -375,10 +393,12 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
         with Relay("outbox-relay", env=env, log_dir=tmp_path / "building") as relay:
             wait_until(checked(port), 20, what="the first table sample")
             assert relay.stop() == 0
-            found = [(r["level"], r["msg"].split(" (")[0], r["index"])
-                     for r in log_records(relay.log_text())
-                     if r.get("index", "").endswith("due_idx")]
-        assert found == [("info", "index being built", "outbox_event_due_idx")], found
+            assert findings(relay) == [
+                ("info", "index being built", "outbox_event_due_idx", None),
+                ("warn", "index differs from its definition", "outbox_event_agg_published_idx",
+                 "schemas/postgres/007_guard_split.sql"),
+                ("warn", "old guard index on the table", "outbox_event_agg_idx",
+                 "schemas/postgres/007_guard_split.sql")]
     finally:
         holder.rollback()
         holder.close()
@@ -386,6 +406,40 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
             thread.join(30)
         builder.close()
     assert built == [True]
+
+
+def test_relay_checks_its_indexes_again_when_the_lock_starts_timing_out(db, kafka, tmp_path):
+    # a guard index lost while the relay runs: its lock statements time out,
+    # and the index check, run again then, names what is lost
+    def missing(relay):
+        return [r for r in log_records(relay.log_text()) if r.get("index") ==
+                "outbox_event_agg_published_idx" and r["msg"].startswith("index missing")]
+
+    db.execute("DROP INDEX %s.outbox_event_agg_published_idx" % db.schema)
+    port = free_port()
+    env = relay_env(db, kafka, OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port,
+                    OUTBOX_STATEMENT_TIMEOUT_MS=300, OUTBOX_DB_LOCK_TIMEOUT_MS=60000)
+    holder = db.pg.connect()
+    holder.autocommit = False
+    try:
+        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+            wait_until(lambda: missing(relay), 20, what="the check at start")
+            # the lock statement's UPDATE waits past the statement timeout
+            # (57014); reads, the index check's among them, go on
+            with holder.cursor() as cur:
+                cur.execute("LOCK TABLE %s IN SHARE MODE" % db.table)
+            wait_until(lambda: len(missing(relay)) == 2, 20,
+                       what="the check again once the lock statement timed out")
+            holder.rollback()
+            assert [r for r in log_records(relay.log_text())
+                    if r.get("statement") == "lock" and r.get("sqlstate") == "57014"]
+            db.insert_events(make_events(aggregates=3, versions=2))
+            wait_until(published(db, 6), 30, what="rows published after the lock")
+            assert relay.stop() == 0
+            assert len(missing(relay)) == 2
+    finally:
+        holder.rollback()
+        holder.close()
 
 
 def test_invalid_headers_json_goes_dead(db, kafka, tmp_path):
