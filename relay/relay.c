@@ -66,9 +66,13 @@
 #define RECONNECT_MIN_MS 100
 #define RECONNECT_MAX_MS 5000
 /* The table sample: every 10 s, or 50 times as long as the last took (a
- * large backlog makes the count slow: sampling stays about 2 % of the time). */
+ * large backlog makes the count slow: sampling stays about 2 % of the time),
+ * but never more than 120 s after the last ended: a sample slowed by a
+ * passing overload must not leave the gauges, which the alerts read, stale
+ * for many minutes after it. */
 #define SAMPLE_INTERVAL_S 10.0
 #define SAMPLE_SPACING    50.0
+#define SAMPLE_WAIT_MAX_S 120.0
 /* Parked versions made due again per sample, at most (the rest at the next). */
 #define UNPARK_LIMIT 10000
 /* A statement waiting this long on the lock or mark connection has its
@@ -1308,7 +1312,10 @@ static void sample_next(struct relay *r, enum side_task done, double now) {
         /* the chain is done: time the next sample by how long this one took */
         double took = now - r->sample_started;
         int slow = took * SAMPLE_SPACING > SAMPLE_INTERVAL_S;
-        r->next_sample = r->sample_started + (slow ? took * SAMPLE_SPACING : SAMPLE_INTERVAL_S);
+        double spacing = took * SAMPLE_SPACING;
+        if (spacing > took + SAMPLE_WAIT_MAX_S)
+                spacing = took + SAMPLE_WAIT_MAX_S;
+        r->next_sample = r->sample_started + (slow ? spacing : SAMPLE_INTERVAL_S);
         if (slow != r->sample_slow)
                 log_info("relay",
                          slow ? "table sample slow, sampling less often"

@@ -114,3 +114,17 @@ def test_a_slow_table_sample_is_taken_less_often(db, kafka, tmp_path, report):
     report("a sample chain of %.3f s: the next sample %.1f s after it started (logged"
            " next_in_s=%.1f); a fast relay's samples %.1f s apart", took, slow_gap, next_in,
            fast_gap)
+
+
+def test_a_very_slow_sample_waits_two_minutes_at_most(db, kafka, tmp_path, report):
+    # 50 x 3 s would be 150 s: a sample slowed by a passing overload must not
+    # leave the gauges stale for longer than 120 s after it
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    env = relay_env(db, kafka, "r-slowest", OUTBOX_TEST_SAMPLE_DELAY_MS=3000)
+    with Relay("outbox-relay", name="r-slowest", log_dir=tmp_path, env=env) as relay:
+        m = relay.wait_log(SLOW_LINE, 40)
+        took, next_in = float(m.group(1)), float(m.group(2))
+        assert took >= 3.0, m.group(0)
+        assert 119.5 <= next_in <= 120.5, m.group(0)
+        assert relay.stop() == 0
+    report("a sample chain of %.1f s: the next in %.1f s, not %.0f", took, next_in, 50 * took)
