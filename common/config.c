@@ -667,9 +667,9 @@ int config_load(struct config *cfg, enum config_program prog, int argc, char **a
                         goto done;
                 }
                 if (!strcmp(arg, "--version")) {
-                        fprintf(out, "%s %s\n",
+                        fprintf(out, "%s %s (schema %s)\n",
                                 prog == CONFIG_RELAY ? "outbox-relay" : "outbox-sweeper",
-                                OUTBOX_VERSION);
+                                OUTBOX_VERSION, OUTBOX_SCHEMA_LEVEL);
                         rc = CONFIG_EXIT_VERSION;
                         goto done;
                 }

@@ -180,8 +180,8 @@ int lifecycle_start(struct lifecycle *lc, enum config_program prog, int argc, ch
         }
         signals_mask(SIG_UNBLOCK);
         db_conninfo_redact(lc->cfg.database_url, url, sizeof url);
-        log_info(mod, "starting", "version=%s database=%s http=%s", OUTBOX_VERSION, url,
-                 lc->cfg.http_addr);
+        log_info(mod, "starting", "version=%s schema=%s database=%s http=%s", OUTBOX_VERSION,
+                 OUTBOX_SCHEMA_LEVEL, url, lc->cfg.http_addr);
         return -1;
 }
 

@@ -11,6 +11,9 @@
 #ifndef OUTBOX_VERSION
 #define OUTBOX_VERSION "unknown"
 #endif
+#ifndef OUTBOX_SCHEMA_LEVEL
+#define OUTBOX_SCHEMA_LEVEL "unknown"
+#endif
 
 /* Distinct label values kept per labelled metric, "other" included: the first
  * METRICS_MAX_SERIES - 1 values get their own series, later ones go to "other". */
@@ -446,6 +449,8 @@ static int render_metric(struct buf *out, enum metric_id id) {
         case MT_INFO:
                 if (buf_appendf(out, "%s{version=\"", d->name) != 0 ||
                     append_escaped(out, OUTBOX_VERSION, 1) != 0 ||
+                    buf_append(out, "\",schema=\"", 10) != 0 ||
+                    append_escaped(out, OUTBOX_SCHEMA_LEVEL, 1) != 0 ||
                     buf_append(out, "\",program=\"", 11) != 0 ||
                     append_escaped(out, program_name, 1) != 0 || buf_append(out, "\"} 1\n", 5) != 0)
                         return -1;

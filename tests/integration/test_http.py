@@ -131,7 +131,7 @@ def test_versions_methods_and_garbage(db, kafka, tmp_path):
         for version in ("1.0", "1.1"):
             status, _, head, body = probe(port, "/metrics", version=version)
             assert status == 200 and head.startswith("HTTP/%s 200" % version), head
-            assert b"\noutbox_build_info{" in body
+            assert b"\noutbox_build_info{" in body and b'",schema="' in body, body
             status, _, head, body = probe(port, "/metrics", method="HEAD", version=version)
             assert status == 200 and body == b"" and "Content-Length: " in head, head
         assert probe(port, "/nope")[0] == 404

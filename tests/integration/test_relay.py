@@ -1,5 +1,6 @@
 """Integration tests of outbox-relay against a real PostgreSQL server and the
 local Kafka-protocol broker; every check reads the topic back."""
+import glob
 import json
 import os
 import re
@@ -518,7 +519,11 @@ def test_help_and_version(tmp_path):
     assert "OUTBOX_DATABASE_URL" in r.log_text()
     r = Relay("outbox-relay", args=["--version"], log_dir=tmp_path, name="version")
     assert r.wait(10) == 0
-    assert "outbox-relay" in r.log_text()
+    # the schema it is written for: the highest migration
+    level = max(int(os.path.basename(p).split("_")[0]) for p in glob.glob(
+        os.path.join(harness.repo_root(), "schemas", "postgres", "[0-9]*_*.sql")))
+    assert re.search(r"^outbox-relay \S+ \(schema %d\)$" % level, r.log_text(), re.M), \
+        r.log_text()
 
 
 def test_librdkafka_binds_zstd_streams_to_the_relay(tmp_path):

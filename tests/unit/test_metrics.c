@@ -234,9 +234,10 @@ Test(metrics, replace_per_broker_gauges) {
 
 Test(metrics, build_info) {
         char *text = render();
-        char want[128];
+        char want[160];
         snprintf(want, sizeof want,
-                 "\noutbox_build_info{version=\"%s\",program=\"outbox-test\"} 1\n", OUTBOX_VERSION);
+                 "\noutbox_build_info{version=\"%s\",schema=\"%s\",program=\"outbox-test\"} 1\n",
+                 OUTBOX_VERSION, OUTBOX_SCHEMA_LEVEL);
         cr_expect_not_null(strstr(text, want), "no %s in\n%s", want, text);
         free(text);
 }
