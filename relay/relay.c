@@ -187,7 +187,10 @@ struct relay {
         long long parked_unlogged; /* versions this relay parked, not yet logged */
         double parked_logged_at;
         int take_back_wanted; /* rows may be PUBLISHING under this id that no batch has */
-        int indexes_checked;  /* the table's indexes were looked at (indexes.sql) */
+        /* index checks (indexes.sql) asked for, and that count when the last
+         * one was sent: one asked while one runs (the catalog it read may be
+         * older than what made a lock statement time out) is sent after it */
+        unsigned indexes_asks, indexes_sent, indexes_done;
         /* times a take-back was wanted, and that count when the last one
          * was sent: a want that comes while one runs (a lock answer lost
          * meanwhile, whose rows are newer than its connection) outlives it */
@@ -278,7 +281,7 @@ static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result
         int lock = stmt == RELAY_SQL_LOCK || stmt == RELAY_SQL_LOCK_NONE;
         if (lock && !strcmp(state, "57014") &&
             (st->failures == 1 || strcmp(st->sqlstate, state) != 0))
-                r->indexes_checked = 0;
+                r->indexes_asks++;
         snprintf(st->sqlstate, sizeof st->sqlstate, "%s", state);
         snprintf(st->error, sizeof st->error, "%s", db_result_error(res));
         if (fault == DB_FAULT_SESSION) {
@@ -1263,8 +1266,11 @@ static void side_work(struct relay *r, double now) {
                         return;
                 }
         }
-        if (!r->indexes_checked && !r->stopping && stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
-                side_send(r, SIDE_INDEXES, RELAY_SQL_INDEXES, 0, NULL, now);
+        if (r->indexes_done != r->indexes_asks && !r->stopping &&
+            stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
+                const char *params[1] = {r->cfg->ordering == ORDERING_NONE ? "none" : "aggregate"};
+                r->indexes_sent = r->indexes_asks;
+                side_send(r, SIDE_INDEXES, RELAY_SQL_INDEXES, 1, params, now);
                 return;
         }
         if (now >= r->next_sample && !r->stopping && stmt_may_run(r, RELAY_SQL_SAMPLE, now)) {
@@ -1413,7 +1419,7 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
 
 /* After the index check: one line per finding (indexes.sql lists them). */
 static void indexes_seen(struct relay *r, const struct db_result *res) {
-        r->indexes_checked = 1;
+        r->indexes_done = r->indexes_sent;
         for (int i = 0; i < db_result_rows(res); i++) {
                 const char *name = db_result_value(res, i, 0);
                 const char *file = db_result_value(res, i, 1);
@@ -1422,6 +1428,12 @@ static void indexes_seen(struct relay *r, const struct db_result *res) {
                         log_info("relay",
                                  "old guard index on the table: no relay of this version reads it;"
                                  " once every relay is upgraded, drop it (DROP INDEX CONCURRENTLY)",
+                                 "index=%s", name);
+                else if (!strcmp(finding, "old_invalid"))
+                        log_warn("relay",
+                                 "old guard index on the table is not valid: relays of earlier"
+                                 " versions (a rolling upgrade, a rollback) probe it; build it"
+                                 " again while such relays run, else drop it",
                                  "index=%s", name);
                 else if (!strcmp(finding, "in_use"))
                         log_warn("relay",
@@ -1485,7 +1497,7 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                  * not tried again until a lock statement starts to time out,
                  * and never makes the relay not ready */
                 if (task == SIDE_INDEXES && *db_result_sqlstate(res))
-                        r->indexes_checked = 1;
+                        r->indexes_done = r->indexes_sent;
                 if (in_sample_chain(task))
                         r->next_sample = now + SAMPLE_INTERVAL_S;
                 db_result_free(res);
@@ -1734,6 +1746,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
         /* nothing on the side connection (a take-back or a sample over the
          * whole table) competes with the first lock for the server */
         r->side_not_before = clock_mono_s() + SIDE_FIRST_WAIT_S;
+        r->indexes_asks = 1; /* the check at start */
         r->health = health_new(health_names, H_COUNT,
                                2.0 * cfg->poll_interval_ms / 1000.0 +
                                        cfg->statement_timeout_ms / 1000.0);

@@ -363,11 +363,11 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
             ("warn", "old guard index on the table", "outbox_event_agg_idx",
              "schemas/postgres/007_guard_split.sql")]
 
-    # a guard index built by hand with the wrong predicate, and the build the
+    # a guard index built by hand in descending order, and the build the
     # upgrade notes advise under way: CREATE INDEX CONCURRENTLY waiting for a
     # transaction that holds the table
-    db.execute("CREATE INDEX outbox_event_agg_published_idx ON %s (%s, aggregate_version)"
-               " WHERE published_at IS NULL" % (db.table, hashed))
+    db.execute("CREATE INDEX outbox_event_agg_published_idx ON %s (%s, aggregate_version DESC)"
+               " WHERE published_at IS NOT NULL" % (db.table, hashed))
     db.execute("DROP INDEX %s.outbox_event_due_idx" % db.schema)
     holder = db.pg.connect()
     holder.autocommit = False
@@ -408,6 +408,29 @@ def test_relay_names_missing_invalid_and_old_guard_indexes(db, kafka, tmp_path):
         builder.close()
     assert built == [True]
 
+    # under OUTBOX_ORDERING=none only the due index is read: the guard index
+    # built wrong is not the relay's concern, and the old one is unused; a
+    # guard index of another's definition under the published one's name
+    db.execute("DROP INDEX %s.outbox_event_agg_published_idx" % db.schema)
+    db.execute("CREATE INDEX outbox_event_agg_published_idx ON %s (%s, aggregate_version)"
+               " WHERE published_at IS NULL" % (db.table, hashed))
+    env_none = dict(env, OUTBOX_ORDERING="none")
+    with Relay("outbox-relay", env=env_none, log_dir=tmp_path / "none") as relay:
+        wait_until(checked(port), 20, what="the first table sample")
+        assert relay.stop() == 0
+        assert findings(relay) == [
+            ("info", "old guard index on the table", "outbox_event_agg_idx", None)]
+    # ... which under the default ordering is missing, not to be rebuilt: the
+    # index of its name serves the unpublished versions
+    with Relay("outbox-relay", env=env, log_dir=tmp_path / "taken") as relay:
+        wait_until(checked(port), 20, what="the first table sample")
+        assert relay.stop() == 0
+        assert findings(relay) == [
+            ("warn", "index missing", "outbox_event_agg_published_idx",
+             "schemas/postgres/007_guard_split.sql"),
+            ("warn", "old guard index on the table", "outbox_event_agg_idx",
+             "schemas/postgres/007_guard_split.sql")]
+
 
 def test_relay_checks_its_indexes_again_when_the_lock_starts_timing_out(db, kafka, tmp_path):
     # a guard index lost while the relay runs: its lock statements time out,
@@ -425,19 +448,23 @@ def test_relay_checks_its_indexes_again_when_the_lock_starts_timing_out(db, kafk
     try:
         with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
             wait_until(lambda: missing(relay), 20, what="the check at start")
+            before = len(missing(relay))  # more if a lock timed out already
             # the lock statement's UPDATE waits past the statement timeout
             # (57014); reads, the index check's among them, go on
             with holder.cursor() as cur:
                 cur.execute("LOCK TABLE %s IN SHARE MODE" % db.table)
-            wait_until(lambda: len(missing(relay)) == 2, 20,
+            wait_until(lambda: len(missing(relay)) > before, 20,
                        what="the check again once the lock statement timed out")
             holder.rollback()
-            assert [r for r in log_records(relay.log_text())
-                    if r.get("statement") == "lock" and r.get("sqlstate") == "57014"]
+            records = log_records(relay.log_text())
+            timeouts = [i for i, r in enumerate(records)
+                        if r.get("statement") == "lock" and r.get("sqlstate") == "57014"]
+            again = [i for i, r in enumerate(records)
+                     if r.get("index") == "outbox_event_agg_published_idx"][before]
+            assert timeouts and timeouts[0] < again, records
             db.insert_events(make_events(aggregates=3, versions=2))
             wait_until(published(db, 6), 30, what="rows published after the lock")
             assert relay.stop() == 0
-            assert len(missing(relay)) == 2
     finally:
         holder.rollback()
         holder.close()
