@@ -272,15 +272,15 @@ static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result
         int retry = decide_retry_ms(st->failures, RETRY_CAP_MS);
         st->retry_at = now + retry / 1000.0;
         metrics_add2(M_STATEMENT_ERRORS, relay_sql[stmt].name, state, 1);
-        if (st->failures == 1 || strcmp(st->sqlstate, state) != 0)
+        int starts = st->failures == 1 || strcmp(st->sqlstate, state) != 0;
+        if (starts)
                 log_warn("db", "statement failing", "statement=%s sqlstate=%s retry_ms=%d err=%s",
                          relay_sql[stmt].name, state, retry, db_result_error(res));
         /* a lock statement that starts to time out may have lost an index
          * it is written for (dropped, or rebuilt and left invalid): the
          * index check says so, once per such start */
         int lock = stmt == RELAY_SQL_LOCK || stmt == RELAY_SQL_LOCK_NONE;
-        if (lock && !strcmp(state, "57014") &&
-            (st->failures == 1 || strcmp(st->sqlstate, state) != 0))
+        if (lock && starts && !strcmp(state, "57014"))
                 r->indexes_asks++;
         snprintf(st->sqlstate, sizeof st->sqlstate, "%s", state);
         snprintf(st->error, sizeof st->error, "%s", db_result_error(res));
@@ -1236,8 +1236,9 @@ static long oldest_gen(const struct relay *r) {
 
 /* Step: the side connection's work, one statement at a time: take back what
  * this relay id holds that no batch has; tell who blocks a statement that
- * waits; once, check the table's indexes; sample the table (then its gaps,
- * what they hold, the horizon). */
+ * waits; check the table's indexes (at start, and when a lock statement
+ * starts to time out); sample the table (then its gaps, what they hold, the
+ * horizon). */
 static void side_work(struct relay *r, double now) {
         if (!idle(r, C_SIDE) || now < r->side_not_before)
                 return;
