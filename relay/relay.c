@@ -60,8 +60,14 @@
 /* After a stop request, how long marks and take-backs keep trying a lost
  * database (then the sweeper returns what is left). */
 #define STOP_GRACE_S 30.0
-/* The longest a failing statement waits before it is tried again. */
-#define RETRY_CAP_MS 30000
+/* The longest a failing statement waits before it is tried again: work
+ * resumes within this of the cause's end (an index rebuilt, a load gone). */
+#define RETRY_CAP_MS 10000
+/* The same after a lock timeout (55P03): each attempt already waited
+ * OUTBOX_DB_LOCK_TIMEOUT_MS in the lock queue, which costs the server
+ * nothing, so the next waits again almost at once and work resumes within
+ * this of the lock's release, however long it was held. */
+#define LOCK_WAIT_RETRY_CAP_MS 500
 /* Database reconnects: 100 ms doubling to 5 s. */
 #define RECONNECT_MIN_MS 100
 #define RECONNECT_MAX_MS 5000
@@ -269,7 +275,8 @@ static void stmt_failed(struct relay *r, int c, int stmt, const struct db_result
         const char *state = db_result_sqlstate(res);
         enum db_fault fault = db_fault_of(state);
         st->failures++;
-        int retry = decide_retry_ms(st->failures, RETRY_CAP_MS);
+        int retry = decide_retry_ms(st->failures,
+                                    strcmp(state, "55P03") ? RETRY_CAP_MS : LOCK_WAIT_RETRY_CAP_MS);
         st->retry_at = now + retry / 1000.0;
         metrics_add2(M_STATEMENT_ERRORS, relay_sql[stmt].name, state, 1);
         int starts = st->failures == 1 || strcmp(st->sqlstate, state) != 0;
