@@ -262,8 +262,13 @@ int db_migrate_level(struct db *db, int *level, int *recorded, int *table_exists
 int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 
+/* db_migrate_apply(): the migration gave up waiting for a lock on the table
+ * (lock_timeout, 55P03); nothing changed, and it may be applied again. */
+#define DB_ERR_LOCK_TIMEOUT (-3)
+
 /* Applies m and records it, in one transaction (creating the record table
- * first if it is missing). 0, or -1 with errstr set and nothing changed. */
+ * first if it is missing). 0, or -1 (DB_ERR_LOCK_TIMEOUT when it gave up
+ * waiting for a lock) with errstr set and nothing changed. */
 int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));
 

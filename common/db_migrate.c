@@ -198,9 +198,11 @@ int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size
         return 0;
 }
 
-/* Rolls back the transaction the connection is in, if any. */
+/* Rolls back the transaction the connection is in, if any, so that the
+ * session can go on (this connection is not the async one: no phase). */
 static void rollback(struct db *db) {
-        if (db_connected(db) && PQtransactionStatus(db->conn) != PQTRANS_IDLE) {
+        if (db->conn && PQstatus(db->conn) == CONNECTION_OK &&
+            PQtransactionStatus(db->conn) != PQTRANS_IDLE) {
                 PGresult *r = PQexec(db->conn, "ROLLBACK");
                 PQclear(r);
         }
@@ -209,6 +211,7 @@ static void rollback(struct db *db) {
 int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr,
                      size_t errstr_size) {
         char ver[16], v[8];
+        int rc = -1;
         snprintf(ver, sizeof ver, "%d", m->version);
         if (db_exec_simple(db, "BEGIN", errstr, errstr_size))
                 return -1;
@@ -219,9 +222,13 @@ int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr,
                 goto fail;
         PGresult *r = PQexec(db->conn, m->sql);
         ExecStatusType st = PQresultStatus(r);
+        const char *state = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+        int lock_timeout = state && !strcmp(state, "55P03");
         PQclear(r);
         if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
                 errstr_set(errstr, errstr_size, "%s: %s", m->name, PQerrorMessage(db->conn));
+                if (lock_timeout)
+                        rc = DB_ERR_LOCK_TIMEOUT;
                 goto fail;
         }
         if (query_value(db,
@@ -236,5 +243,5 @@ int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr,
 fail:
         rollback(db);
         db_check_conn(db);
-        return -1;
+        return rc;
 }

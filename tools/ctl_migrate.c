@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "ctl.h"
 #include "encode.h"
@@ -12,6 +13,13 @@
 
 /* How long a migrate waits for another one holding the advisory lock. */
 #define MIGRATE_LOCK_WAIT_S 600
+
+/* A migration that locks the table gives up after its lock_timeout (5 s)
+ * rather than hold the application's writes queued behind it; one that
+ * gave up (a relay's statement held the table, up to its statement
+ * timeout) is tried again, this many times in all, this far apart. */
+#define MIGRATE_TRIES       6
+#define MIGRATE_TRY_PAUSE_S 2
 
 /* The migrations are written for a table named outbox_event (its indexes,
  * constraints, trigger and function are named after it). */
@@ -89,7 +97,16 @@ int ctl_migrate(struct ctl *c) {
                 todo[ntodo++] = m->name;
                 if (a->dry_run)
                         continue;
-                if (db_migrate_apply(c->db, m, err, sizeof err) != 0)
+                int rc = db_migrate_apply(c->db, m, err, sizeof err);
+                for (int try = 2; rc == DB_ERR_LOCK_TIMEOUT && try <= MIGRATE_TRIES; try++) {
+                        log_warn("migrate", "lock wait timed out, retrying",
+                                 "schema=%s migration=%s try=%d of=%d err=%s", schema, m->name, try,
+                                 MIGRATE_TRIES, err);
+                        struct timespec pause = {MIGRATE_TRY_PAUSE_S, 0};
+                        nanosleep(&pause, NULL);
+                        rc = db_migrate_apply(c->db, m, err, sizeof err);
+                }
+                if (rc != 0)
                         goto fail;
                 log_info("migrate", "applied", "schema=%s migration=%s", schema, m->name);
                 if (!a->json)
