@@ -17,6 +17,7 @@
 #include "db_async.h"
 #include "decide.h"
 #include "health.h"
+#include "indexes.h"
 #include "kafka.h"
 #include "kafka_stats.h"
 #include "lifecycle.h"
@@ -1276,7 +1277,12 @@ static void side_work(struct relay *r, double now) {
         }
         if (r->indexes_done != r->indexes_asks && !r->stopping &&
             stmt_may_run(r, RELAY_SQL_INDEXES, now)) {
-                const char *params[1] = {r->cfg->ordering == ORDERING_NONE ? "none" : "aggregate"};
+                /* the indexes its statements read: the lock's window, and
+                 * the order guard's unless the ordering is none; and the
+                 * old guard index, which older relays read */
+                const char *params[1] = {r->cfg->ordering == ORDERING_NONE
+                                                 ? "{due,old}"
+                                                 : "{due,unpublished,published,old}"};
                 r->indexes_sent = r->indexes_asks;
                 side_send(r, SIDE_INDEXES, RELAY_SQL_INDEXES, 1, params, now);
                 return;
@@ -1425,55 +1431,10 @@ static void blockers_seen(struct relay *r, const struct db_result *res) {
                          db_result_value(res, k, 6));
 }
 
-/* After the index check: one line per finding (indexes.sql lists them). */
+/* After the index check: one line per finding. */
 static void indexes_seen(struct relay *r, const struct db_result *res) {
         r->indexes_done = r->indexes_sent;
-        for (int i = 0; i < db_result_rows(res); i++) {
-                const char *name = db_result_value(res, i, 0);
-                const char *file = db_result_value(res, i, 1);
-                const char *finding = db_result_value(res, i, 2);
-                if (!strcmp(finding, "unused"))
-                        log_info("relay",
-                                 "old guard index on the table: no relay of this version reads it;"
-                                 " once every relay is upgraded, drop it (DROP INDEX CONCURRENTLY)",
-                                 "index=%s", name);
-                else if (!strcmp(finding, "old_invalid"))
-                        log_warn("relay",
-                                 "old guard index on the table is not valid: relays of earlier"
-                                 " versions (a rolling upgrade, a rollback) probe it; build it"
-                                 " again while such relays run, else drop it",
-                                 "index=%s", name);
-                else if (!strcmp(finding, "in_use"))
-                        log_warn("relay",
-                                 "old guard index on the table, read in place of a guard index"
-                                 " missing or not valid: keep it until both are built",
-                                 "index=%s file=schemas/postgres/%s", name, file);
-                else if (!strcmp(finding, "different"))
-                        log_warn("relay",
-                                 "index differs from its definition: the statements written for it"
-                                 " read far more of the table than they need; build it again as"
-                                 " the file defines it",
-                                 "index=%s file=schemas/postgres/%s", name, file);
-                else if (!strcmp(finding, "building"))
-                        log_info("relay",
-                                 "index being built (CREATE INDEX CONCURRENTLY): until it is valid,"
-                                 " the statements written for it read far more of the table",
-                                 "index=%s", name);
-                else if (!strcmp(finding, "missing"))
-                        log_warn("relay",
-                                 "index missing: the statements written for it read far more of"
-                                 " the table than they need; build it as the file defines it"
-                                 " (CREATE INDEX CONCURRENTLY)",
-                                 "index=%s file=schemas/postgres/%s", name, file);
-                else
-                        log_warn("relay",
-                                 "index invalid (a CREATE INDEX CONCURRENTLY that failed, or one"
-                                 " still running that this role cannot see): the statements"
-                                 " written for it read far more of the table than they need; once"
-                                 " no build runs, drop it and build it again as the file defines"
-                                 " it",
-                                 "index=%s file=schemas/postgres/%s", name, file);
-        }
+        indexes_log("relay", res);
 }
 
 /* Whether `task` is a step of the sampling chain (sample_next() sends the next). */

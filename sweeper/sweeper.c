@@ -11,6 +11,7 @@
 #include "db_async.h"
 #include "errstr.h"
 #include "health.h"
+#include "indexes.h"
 #include "lifecycle.h"
 #include "log.h"
 #include "metrics.h"
@@ -32,6 +33,10 @@ struct sweeper {
         struct db *db;
         int reconnect_ms;
         int stop_logged;
+        int indexes_wanted; /* check the indexes once connected (at start, and
+                             * when a statement starts to time out) */
+        int timing_out;     /* a statement timed out since the last sweep
+                             * that completed */
 };
 
 static void beat(struct sweeper *s) {
@@ -53,6 +58,7 @@ struct sweeper *sweeper_new(const struct config *cfg, struct http *http, char *e
         s->cfg = cfg;
         s->http = http;
         s->reconnect_ms = LIFECYCLE_RECONNECT_MIN_MS;
+        s->indexes_wanted = 1;
         s->db = db_new(cfg->database_url, cfg->table, cfg->relay_id);
         s->health = health_new(health_names, H_COUNT, 0);
         /* The sweeper's statements read whole ranges of a backlog: a longer
@@ -84,27 +90,19 @@ void sweeper_destroy(struct sweeper *s) {
         free(s);
 }
 
-/* Runs statement `stmt` (sweeper/sql, common/sql) with the integer
- * parameters `args`: its answer, or NULL with errstr
+/* Runs statement `stmt` (sweeper/sql, common/sql) with the text
+ * parameters `params`: its answer, or NULL with errstr
  * "<statement>: <why>", counted in outbox_statement_errors_total, and the
  * connection dropped when a new session would cure it (the table changed
- * under the prepared statements) or it was lost. */
-static struct db_result *run(struct sweeper *s, int stmt, int n, const long long *args,
-                             char *errstr, size_t size) {
-        char text[3][24];
-        const char *params[3];
+ * under the prepared statements) or it was lost. A statement that starts
+ * to time out asks for the index check: without its index it reads far
+ * more of the table. */
+static struct db_result *run_text(struct sweeper *s, int stmt, int n, const char *const *params,
+                                  char *errstr, size_t size) {
         const char *name = sweeper_sql[stmt].name;
         if (!db_connected(s->db)) {
                 errstr_set(errstr, size, "%s: not connected", name);
                 return NULL;
-        }
-        if (n > 3) {
-                errstr_set(errstr, size, "%s: more than 3 parameters", name);
-                return NULL;
-        }
-        for (int i = 0; i < n; i++) {
-                snprintf(text[i], sizeof text[i], "%lld", args[i]);
-                params[i] = text[i];
         }
         char why[512] = "";
         struct db_result *res = db_exec(s->db, stmt, n, params, 0, why, sizeof why);
@@ -121,10 +119,56 @@ static struct db_result *run(struct sweeper *s, int stmt, int n, const long long
         else
                 errstr_set(errstr, size, "%s: %s", name, db_result_error(res));
         metrics_add2(M_STATEMENT_ERRORS, name, state, 1);
+        if (!strcmp(state, "57014") && !s->timing_out) {
+                s->timing_out = 1;
+                s->indexes_wanted = 1;
+        }
         if (db_fault_of(state) == DB_FAULT_SESSION)
                 db_disconnect(s->db);
         db_result_free(res);
         return NULL;
+}
+
+/* run_text() with integer parameters. */
+static struct db_result *run(struct sweeper *s, int stmt, int n, const long long *args,
+                             char *errstr, size_t size) {
+        char text[3][24];
+        const char *params[3];
+        if (n > 3) {
+                errstr_set(errstr, size, "%s: more than 3 parameters", sweeper_sql[stmt].name);
+                return NULL;
+        }
+        for (int i = 0; i < n; i++) {
+                snprintf(text[i], sizeof text[i], "%lld", args[i]);
+                params[i] = text[i];
+        }
+        return run_text(s, stmt, n, params, errstr, size);
+}
+
+/* Whether retention keeps each aggregate's latest published row. */
+static int keeps_latest(const struct config *cfg) {
+        return cfg->ordering == ORDERING_AGGREGATE && cfg->retention_keep_latest;
+}
+
+/* The index check (common/sql/indexes.sql) for the indexes this sweeper's
+ * statements read: the due index (stale locks, parking), and with
+ * retention its index and, keeping the latest rows, the published guard
+ * index. It informs and nothing waits for it: a failed check is logged and
+ * runs again only when a statement next starts to time out. */
+static void check_indexes(struct sweeper *s) {
+        const struct config *cfg = s->cfg;
+        const char *params[1] = {cfg->retention_s == 0 ? "{due}"
+                                 : keeps_latest(cfg)   ? "{due,retention,published}"
+                                                       : "{due,retention}"};
+        char err[512];
+        s->indexes_wanted = 0;
+        struct db_result *res = run_text(s, SWEEPER_SQL_INDEXES, 1, params, err, sizeof err);
+        if (!res) {
+                log_warn("sweeper", "index check failed", "err=%s", err);
+                return;
+        }
+        indexes_log("sweeper", res);
+        db_result_free(res);
 }
 
 /* Runs a statement whose answer is one row of `n` counts. */
@@ -221,7 +265,7 @@ int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_r
         /* Consecutive versions, if asked: each aggregate's latest published
          * row stays, so a version after it is never taken for the
          * aggregate's first (a gap right after it is seen). */
-        int keep_latest = cfg->ordering == ORDERING_AGGREGATE && cfg->retention_keep_latest;
+        int keep_latest = keeps_latest(cfg);
         long long seen;
         do {
                 long long args[2] = {cfg->retention_s, cfg->delete_batch};
@@ -272,6 +316,7 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
                 return -1;
         }
         health_set(s->health, H_SWEEP, 1, "last sweep completed");
+        s->timing_out = 0;
         if (res.stale_reset || res.deleted || res.parked || res.unparked)
                 log_info("sweeper", "sweep done",
                          "stale_reset=%lld parked=%lld unparked=%lld deleted=%lld statements=%d "
@@ -283,6 +328,12 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
                           "stale_reset=0 deleted=0 statements=%d seconds=%.3f", res.statements,
                           clock_mono_s() - started);
         return 0;
+}
+
+/* The index check, when one is wanted (it never holds the sweep up). */
+static void indexes(struct sweeper *s) {
+        if (s->indexes_wanted)
+                check_indexes(s);
 }
 
 /* Says once that a stop was asked for. */
@@ -305,8 +356,11 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                 double deadline = clock_mono_s() + SWEEPER_ONCE_RETRY_S;
                 while (!*stop) {
                         beat(s);
-                        if (ensure_db(s, stop) == 0 && sweep_once(s, stop) == 0)
-                                return 0;
+                        if (ensure_db(s, stop) == 0) {
+                                indexes(s);
+                                if (sweep_once(s, stop) == 0)
+                                        return 0;
+                        }
                         if (clock_mono_s() > deadline) {
                                 log_error("sweeper", "giving up: sweep not completed", "retry_s=%d",
                                           SWEEPER_ONCE_RETRY_S);
@@ -323,6 +377,7 @@ int sweeper_run(struct sweeper *s, volatile sig_atomic_t *stop) {
                 beat(s);
                 if (ensure_db(s, stop) != 0)
                         continue;
+                indexes(s);
                 if (sweep_once(s, stop) != 0) {
                         if (db_connected(s->db))
                                 nap(s, 1000, stop);

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 from conftest import actor_env
+from observe import log_records
 from harness import Relay, free_port, make_events, wait_until
 
 
@@ -139,3 +140,57 @@ def test_two_sweepers_at_once(db, tmp_path, report):
            "%s), 400 stale locks reset exactly once (logged stale_reset/deleted per sweeper "
            "%s), 100 recent rows kept, no errors, both exit 0",
            len(stmts), by_actor, totals)
+
+
+def test_sweeper_names_missing_indexes_it_reads(db, tmp_path):
+    """The sweeper checks the indexes its statements read (common/sql/
+    indexes.sql) once a process and again when a statement starts to time
+    out, and names each one missing with the file that defines it: without
+    them its statements read far more of the table. Only the indexes it
+    reads: the retention index with retention on, the published guard index
+    when it keeps each aggregate's latest row."""
+    def findings(sweeper):
+        return [(r["level"], r["msg"].split(":")[0], r["index"], r.get("file"))
+                for r in log_records(sweeper.log_text()) if "index" in r]
+
+    def once(name, **extra):
+        settings = {"OUTBOX_RETENTION_S": 3600, "OUTBOX_LOCK_TIMEOUT_S": 300,
+                    "OUTBOX_RETENTION_KEEP_LATEST": "true", **extra}
+        env = actor_env(db, name, **settings)
+        s = Relay("outbox-sweeper", name=name, args=["--once"], log_dir=tmp_path, env=env)
+        assert s.wait(60) == 0, s.log_text()[-2000:]
+        return s
+
+    seed(db, "old", 20, "PUBLISHED", 7200)
+    assert findings(once("sweeper-clean")) == []
+    db.execute("DROP INDEX %s.outbox_event_retention_idx" % db.schema)
+    db.execute("DROP INDEX %s.outbox_event_agg_published_idx" % db.schema)
+    missing = [("warn", "index missing", "outbox_event_retention_idx",
+                "schemas/postgres/001_outbox_event.sql"),
+               ("warn", "index missing", "outbox_event_agg_published_idx",
+                "schemas/postgres/007_guard_split.sql")]
+    assert sorted(findings(once("sweeper-missing"))) == sorted(missing)
+    # without keeping the latest rows the guard index is not read; without
+    # retention neither is the retention index
+    assert findings(once("sweeper-plain", OUTBOX_RETENTION_KEEP_LATEST="false")) == missing[:1]
+    assert findings(once("sweeper-no-retention", OUTBOX_RETENTION_S=0)) == []
+
+    # a sweep that starts to time out (its stale-lock statement waits for a
+    # table lock longer than its statement timeout) checks again, once
+    holder = db.pg.connect()
+    holder.autocommit = False
+    env = actor_env(db, "sweeper-loop", OUTBOX_RETENTION_S=3600, OUTBOX_SWEEP_INTERVAL_S=1,
+                    OUTBOX_LOCK_TIMEOUT_S=300, OUTBOX_RETENTION_KEEP_LATEST="false",
+                    OUTBOX_STATEMENT_TIMEOUT_MS=100, OUTBOX_DB_LOCK_TIMEOUT_MS=60000)
+    try:
+        with Relay("outbox-sweeper", name="sweeper-loop", log_dir=tmp_path, env=env) as s:
+            wait_until(lambda: findings(s) == missing[:1], 20, what="the check at start")
+            with holder.cursor() as cur:
+                cur.execute("LOCK TABLE %s IN SHARE MODE" % db.table)
+            wait_until(lambda: s.log_text().count("statement timeout") >= 3, 30,
+                       what="sweeps timing out")
+            holder.commit()
+            assert findings(s) == missing[:1] * 2
+            assert s.stop() == 0
+    finally:
+        holder.close()

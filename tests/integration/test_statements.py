@@ -50,7 +50,7 @@ PARAMS = {
     "delete_published": ["86400", "1000"],
     "delete_keep_latest": ["86400", "1000"],
     "park_blocked": ["10000"],
-    "indexes": ["'aggregate'"],
+    "indexes": ["'{due,unpublished,published,retention,old}'"],
 }
 
 

@@ -1,11 +1,16 @@
--- indexes: the table's indexes this relay's statements are written for
--- (schemas/postgres), asked once a process and again when a lock statement
--- starts to time out. Each index is known by its definition (a btree, its
--- key columns in ascending order, its predicate), whatever its name, so a
--- table made from the files under another name is checked too; the names
--- below are the files' own. Under OUTBOX_ORDERING=none only the due index is
--- read, so only it is wanted.
---   $1 text  the ordering: aggregate, increasing or none
+-- indexes: the table's indexes a daemon's statements are written for
+-- (schemas/postgres), asked by the relay once a process and again when a
+-- lock statement starts to time out, and by the sweeper once a process and
+-- again when a sweep starts to time out. Each index is known by its
+-- definition (a btree, its key columns in ascending order, its predicate),
+-- whatever its name, so a table made from the files under another name is
+-- checked too; the names below are the files' own.
+--   $1 text[]  the indexes the caller's statements read, by role: due (the
+--              relay's lock statements; the sweeper's stale-lock scan and
+--              parking), unpublished and published (the relay's order
+--              guard; published also the sweeper's keep-latest retention),
+--              retention (the sweeper's retention delete); and old (a
+--              relay): report the guard index of relays before 007
 -- Returns one row per finding: an index's name, the file that defines it,
 -- and what was found:
 --   missing    none on the table: the statements written for it read far
@@ -18,6 +23,7 @@
 --   building   a CREATE INDEX CONCURRENTLY of it is running (seen only when
 --              this role may read the build's progress: the same role, or
 --              one with pg_read_all_stats; else it is invalid)
+-- and, asked for old:
 --   unused     the guard index of relays before 007_guard_split.sql, which
 --              that file keeps for them: nothing of this version reads it
 --              while both guard indexes are valid; each insert and mark
@@ -38,6 +44,9 @@ WITH idx AS MATERIALIZED (
                 AND k.pred = 'published_at IS NULL' THEN 'unpublished'
            WHEN k.hashed AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 2
                 AND k.pred = 'published_at IS NOT NULL' THEN 'published'
+           WHEN k.k1 = 'published_at' AND i.indnkeyatts = 1
+                AND k.pred = 'published_at IS NOT NULL AND available_at <> '
+                             || '''infinity''::timestamp with time zone' THEN 'retention'
            WHEN k.hashed AND k.k2 = 'aggregate_version' AND i.indnkeyatts = 3
                 AND pg_get_indexdef(i.indexrelid, 3, true) = '(published_at IS NULL)'
                 AND k.pred IS NULL THEN 'old'
@@ -64,8 +73,9 @@ want(role, name, file) AS (
   SELECT * FROM (
     VALUES ('due', 'outbox_event_due_idx', '001_outbox_event.sql'),
            ('unpublished', 'outbox_event_agg_unpublished_idx', '007_guard_split.sql'),
-           ('published', 'outbox_event_agg_published_idx', '007_guard_split.sql')) v
-  WHERE v.column1 = 'due' OR $1 <> 'none'),
+           ('published', 'outbox_event_agg_published_idx', '007_guard_split.sql'),
+           ('retention', 'outbox_event_retention_idx', '001_outbox_event.sql')) v
+  WHERE v.column1 = ANY ($1::text[])),
 lacking AS (
   SELECT w.* FROM want w
   WHERE NOT EXISTS (SELECT 1 FROM idx x WHERE x.role = w.role AND x.valid))
@@ -85,7 +95,8 @@ FROM lacking w JOIN idx x ON x.role = w.role
 UNION ALL
 SELECT x.name, '007_guard_split.sql',
        CASE WHEN NOT x.valid THEN 'old_invalid'
-            WHEN EXISTS (SELECT 1 FROM lacking l WHERE l.role <> 'due') THEN 'in_use'
+            WHEN EXISTS (SELECT 1 FROM lacking l
+                         WHERE l.role IN ('unpublished', 'published')) THEN 'in_use'
             ELSE 'unused' END
 FROM idx x
-WHERE x.role = 'old'
+WHERE x.role = 'old' AND 'old' = ANY ($1::text[])
