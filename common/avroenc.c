@@ -6,6 +6,7 @@
 #include <avro/io.h>
 #include <avro/schema.h>
 #include <avro/value.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -329,11 +330,13 @@ int avroenc_encode(struct avroenc *a, const struct outbox_event *ev, long long s
                 return -1;
         }
         avro_value_reset(&a->value);
+        /* avro-c's allocator, as malloc, says ENOMEM when memory runs out */
+        errno = 0;
         int rc = a->envelope ? fill_envelope(a, ev)
                              : set_str(&a->value, ev->payload, ev->payload_len);
         if (rc) {
                 snprintf(errstr, errstr_size, "avro: %s", avro_strerror());
-                return -1;
+                return errno == ENOMEM ? AVROENC_NOMEM : -1;
         }
         unsigned char head[10];
         size_t hlen;
@@ -351,18 +354,19 @@ int avroenc_encode(struct avroenc *a, const struct outbox_event *ev, long long s
                 hlen = 5;
         }
         size_t size = 0;
+        errno = 0;
         if (avro_value_sizeof(&a->value, &size) != 0) {
                 snprintf(errstr, errstr_size, "avro: %s", avro_strerror());
-                return -1;
+                return errno == ENOMEM ? AVROENC_NOMEM : -1;
         }
         if (buf_append(out, head, hlen) || buf_reserve(out, size)) {
                 snprintf(errstr, errstr_size, "out of memory");
-                return -1;
+                return AVROENC_NOMEM;
         }
         avro_writer_t w = avro_writer_memory(out->data + out->len, (int64_t)size);
         if (!w) {
                 snprintf(errstr, errstr_size, "out of memory");
-                return -1;
+                return AVROENC_NOMEM;
         }
         rc = avro_value_write(w, &a->value);
         int64_t written = avro_writer_tell(w);

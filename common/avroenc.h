@@ -44,10 +44,13 @@ const char *avroenc_canonical_form(const struct avroenc *a);
 /* CRC-64-AVRO of the canonical form (the single-object fingerprint). */
 uint64_t avroenc_fingerprint(const struct avroenc *a);
 
+/* avroenc_encode(): memory ran out (nothing about the event). */
+#define AVROENC_NOMEM (-2)
+
 /* Writes the framed value of ev (ev->payload must not be NULL: a tombstone has
  * no value) into out, replacing its content: single-object encoding when
- * schema_id < 0, else the Confluent wire format with that id. 0, or -1 with
- * errstr set. */
+ * schema_id < 0, else the Confluent wire format with that id. 0, or -1 (the
+ * event cannot be encoded) or AVROENC_NOMEM, with errstr set. */
 int avroenc_encode(struct avroenc *a, const struct outbox_event *ev, long long schema_id,
                    struct buf *out, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));

@@ -515,7 +515,7 @@ int encode_headers_fields(const struct outbox_event *ev, const char *producer,
         buf_reset(scratch);
         if (buf_reserve(scratch, extra + 64) != 0) {
                 snprintf(errstr, errstr_size, "out of memory");
-                return -1;
+                return ENCODE_NOMEM;
         }
         const char *event_version = scratch_number(scratch, ev->event_version);
         const char *aggregate_version = scratch_number(scratch, ev->aggregate_version);

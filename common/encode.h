@@ -135,8 +135,9 @@ struct encode_header {
  * ENCODE_MAX_HEADER_MEMBERS members). `scratch` holds the
  * formatted numbers and member strings; hdrs point into it and into ev, so keep
  * both alive while hdrs is used. Returns the header count, or -1 when
- * ev->headers is NULL (headers_json is not an object) or malformed, with a
- * reason in errstr. */
+ * ev->headers is NULL (headers_json is not an object) or malformed, or
+ * ENCODE_NOMEM when memory ran out, with a reason in errstr. */
+#define ENCODE_NOMEM (-2)
 int encode_headers(const struct outbox_event *ev, const char *producer, const char *content_type,
                    const char *schema_id, struct encode_header *hdrs, struct buf *scratch,
                    char *errstr, size_t errstr_size) __attribute__((warn_unused_result));

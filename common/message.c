@@ -75,6 +75,14 @@ static int fail(struct message_error *why, int permanent, const char *code, cons
         return -1;
 }
 
+/* Memory ran out forming the message: that says nothing about the row, so
+ * it is tried again and the attempt does not count. Returns -1. */
+static int out_of_memory(struct message_error *why, const char *text) {
+        fail(why, 0, "OUT_OF_MEMORY", text);
+        why->uncounted = 1;
+        return -1;
+}
+
 /* The schema id (subject <topic>-value) for the schema-id header and the
  * Confluent framing; -1 without a registry, and for a tombstone, which has
  * no value and so needs no schema. Every registry failure is retriable. */
@@ -86,7 +94,7 @@ static int schema_id(struct message *m, const struct outbox_event *ev, const cha
                 return 0;
         buf_reset(&m->subject);
         if (buf_appendf(&m->subject, "%s-value", topic) != 0)
-                return fail(why, 0, "ENCODE_FAILED", "out of memory");
+                return out_of_memory(why, "out of memory forming the schema subject");
         if (registry_schema_id(m->registry, m->subject.data, avroenc_schema_json(m->avro), id, &re,
                                why->text, sizeof why->text) != 0) {
                 fail(why, 0, re.code, NULL);
@@ -104,14 +112,17 @@ static int value(struct message *m, const struct outbox_event *ev, int id,
         if (!ev->payload)
                 return 0;
         if (m->avro) {
-                if (avroenc_encode(m->avro, ev, id, &m->value, why->text, sizeof why->text) != 0)
+                int rc = avroenc_encode(m->avro, ev, id, &m->value, why->text, sizeof why->text);
+                if (rc == AVROENC_NOMEM)
+                        return out_of_memory(why, NULL);
+                if (rc != 0)
                         return fail(why, 1, "ENCODE_FAILED", NULL);
         } else if (m->cfg->value_format == VALUE_PAYLOAD) {
                 out->value = ev->payload;
                 out->value_len = ev->payload_len;
                 return 0;
         } else if (encode_envelope_json_fields(ev, &m->fields, &m->value) != 0) {
-                return fail(why, 0, "ENCODE_FAILED", "out of memory encoding the envelope");
+                return out_of_memory(why, "out of memory encoding the envelope");
         }
         out->value = m->value.data;
         out->value_len = m->value.len;
@@ -124,7 +135,7 @@ int message_build(struct message *m, const struct outbox_event *ev, struct messa
         int id;
         memset(out, 0, sizeof *out);
         if (encode_topic(cfg->topic_template, ev, &m->topic) != 0)
-                return fail(why, 1, "ENCODE_FAILED", "topic could not be formed");
+                return out_of_memory(why, "out of memory forming the topic");
         out->topic = m->topic.data; /* named in the log line of the row's outcome */
         if (!encode_topic_is_legal(m->topic.data)) {
                 snprintf(why->text, sizeof why->text,
@@ -140,6 +151,8 @@ int message_build(struct message *m, const struct outbox_event *ev, struct messa
                                       m->avro ? "application/avro" : "application/json",
                                       id >= 0 ? m->schema_id : NULL, &m->fields, m->hdrs,
                                       &m->scratch, why->text, sizeof why->text);
+        if (n == ENCODE_NOMEM)
+                return out_of_memory(why, NULL);
         if (n < 0)
                 return fail(why, 1, "INVALID_HEADERS", NULL);
         if (value(m, ev, id, out, why) != 0)

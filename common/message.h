@@ -27,7 +27,8 @@ struct message_parts {
 
 /* Why a row could not become a message. */
 struct message_error {
-        const char *code; /* ENCODE_FAILED, INVALID_HEADERS, REGISTRY_UNAVAILABLE or
+        const char *code; /* ENCODE_FAILED, INVALID_HEADERS, INVALID_VALUE,
+                           * OUT_OF_MEMORY, REGISTRY_UNAVAILABLE or
                            * REGISTRY_REJECTED; static */
         int permanent;    /* no retry can succeed: the row goes DEAD at once */
         int uncounted;    /* the attempt does not count: the registry could not answer,

@@ -544,7 +544,8 @@ static int produce_row(struct relay *r, struct batch *b, size_t i, double now) {
         /* the topic outlives the message: the delivery report's metrics and
          * the log name it */
         if (m.topic && !w->topic && !(w->topic = strdup(m.topic))) {
-                batch_settle(b, i, DECIDE_FAILED, "ENCODE_FAILED", "out of memory");
+                w->uncounted = 1; /* as message_build's OUT_OF_MEMORY */
+                batch_settle(b, i, DECIDE_FAILED, "OUT_OF_MEMORY", "out of memory");
                 return 0;
         }
         if (built != 0) {

@@ -9,6 +9,7 @@
  * inside themselves (jansson, avro-c, libpq, librdkafka) are not wrapped:
  * this covers the checks of the project's own code. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,20 +48,26 @@ void *__real_realloc(void *p, size_t n);
 char *__real_strdup(const char *s);
 char *__real_strndup(const char *s, size_t n);
 
+/* A failed allocation says ENOMEM, as glibc's does. */
+static void *nomem(void) {
+        errno = ENOMEM;
+        return NULL;
+}
+
 void *__wrap_malloc(size_t n) {
-        return fails() ? NULL : __real_malloc(n);
+        return fails() ? nomem() : __real_malloc(n);
 }
 void *__wrap_calloc(size_t n, size_t size) {
-        return fails() ? NULL : __real_calloc(n, size);
+        return fails() ? nomem() : __real_calloc(n, size);
 }
 void *__wrap_realloc(void *p, size_t n) {
-        return fails() ? NULL : __real_realloc(p, n);
+        return fails() ? nomem() : __real_realloc(p, n);
 }
 char *__wrap_strdup(const char *s) {
-        return fails() ? NULL : __real_strdup(s);
+        return fails() ? nomem() : __real_strdup(s);
 }
 char *__wrap_strndup(const char *s, size_t n) {
-        return fails() ? NULL : __real_strndup(s, n);
+        return fails() ? nomem() : __real_strndup(s, n);
 }
 
 /* One operation: 0 and its output in *out (malloc'd, or NULL for none), or
@@ -158,6 +165,12 @@ static int build_message(char **out) {
                 rc = message_build(m, &ev, &p, &why);
                 counting = 0;
                 cr_assert(rc == 0 || fail_at >= 0, "%s: %s", why.code, why.text);
+                /* memory running out says nothing about the row: it is
+                 * tried again, never DEAD for it */
+                cr_assert(rc == 0 || (!why.permanent && why.uncounted &&
+                                      !strcmp(why.code, "OUT_OF_MEMORY")),
+                          "allocation %ld failed: %s (permanent %d, uncounted %d): %s", fail_at,
+                          why.code, why.permanent, why.uncounted, why.text);
                 if (rc == 0) {
                         struct buf b = {0};
                         int e = buf_appendf(&b, "%s|", p.topic);
