@@ -256,7 +256,9 @@ int encode_topic(const char *template, const struct outbox_event *ev, struct buf
                         p += run;
                 }
         }
-        return out->len ? 0 : -1;
+        /* terminated and allocated even when empty: an empty topic is not
+         * a legal name, which the caller tells (encode_topic_is_legal) */
+        return buf_append(out, "", 0);
 }
 
 int encode_envelope_json(const struct outbox_event *ev, struct buf *out) {

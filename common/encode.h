@@ -60,7 +60,8 @@ int encode_topic_is_legal(const char *name);
 const char *encode_topic_column(const char *template, const struct outbox_event *ev);
 
 /* Writes the topic: ev->topic_name, else `template` with {aggregate_type},
- * {event_type} and {tenant_id} replaced. 0 on success. */
+ * {event_type} and {tenant_id} replaced (possibly empty, when the columns
+ * it places are). 0, or -1 when memory ran out. */
 int encode_topic(const char *template, const struct outbox_event *ev, struct buf *out)
         __attribute__((warn_unused_result));
 
