@@ -267,7 +267,7 @@ int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size
 #define DB_ERR_LOCK_TIMEOUT (-3)
 
 /* Applies m and records it, in one transaction (creating the record table
- * first if it is missing). 0, or -1 (DB_ERR_LOCK_TIMEOUT when it gave up
+ * first if it is missing). 0, or -1 or DB_ERR_LOCK_TIMEOUT (it gave up
  * waiting for a lock) with errstr set and nothing changed. */
 int db_migrate_apply(struct db *db, const struct db_migration *m, char *errstr, size_t errstr_size)
         __attribute__((warn_unused_result));

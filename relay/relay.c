@@ -83,8 +83,12 @@
 /* Parked versions made due again per sample, at most (the rest at the next). */
 #define UNPARK_LIMIT 10000
 /* A statement waiting this long on the lock or mark connection has its
- * blockers looked up and logged. */
+ * blockers looked up and logged; on one connection at most once in
+ * BLOCKED_REPEAT_S: a long-held lock, waited for by attempt after attempt
+ * (each gives up after the lock timeout and the next follows within
+ * LOCK_WAIT_RETRY_CAP_MS), is named every so often, not at each attempt. */
 #define BLOCKED_REPORT_S 1.0
+#define BLOCKED_REPEAT_S 30.0
 /* The lock window leaves out the aggregates this relay has a run of
  * versions in flight for, and those whose row has been in flight this long
  * (a slow or stopped broker's partitions): the guard holds their queued
@@ -210,6 +214,7 @@ struct relay {
         size_t ngaps_seen;
         int horizon_pid;        /* the long transaction named last (0: none) */
         double blockers_for[2]; /* the statement start whose blockers were logged (lock, mark) */
+        double blockers_at[2];  /* when they were last looked up (lock, mark) */
         int blockers_conn;
 
         /* stopping */
@@ -1266,11 +1271,13 @@ static void side_work(struct relay *r, double now) {
         for (int c = C_LOCK; c <= C_MARK; c++) {
                 double since;
                 const char *running = db_async_running(db_of(r, c), &since);
-                if (running && now - since > BLOCKED_REPORT_S && r->blockers_for[c] != since) {
+                if (running && now - since > BLOCKED_REPORT_S && r->blockers_for[c] != since &&
+                    (!r->blockers_at[c] || now - r->blockers_at[c] >= BLOCKED_REPEAT_S)) {
                         char pid[16];
                         snprintf(pid, sizeof pid, "%d", db_backend_pid(db_of(r, c)));
                         const char *params[1] = {pid};
                         r->blockers_for[c] = since;
+                        r->blockers_at[c] = now;
                         r->blockers_conn = c;
                         side_send(r, SIDE_BLOCKERS, RELAY_SQL_BLOCKERS, 1, params, now);
                         return;

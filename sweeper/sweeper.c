@@ -330,7 +330,8 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         return 0;
 }
 
-/* The index check, when one is wanted (it never holds the sweep up). */
+/* The index check, when one is wanted: before the sweep, whose running it
+ * gates in nothing (its findings are only logged). */
 static void indexes(struct sweeper *s) {
         if (s->indexes_wanted)
                 check_indexes(s);
