@@ -1650,16 +1650,30 @@ static double next_deadline(const struct relay *r, double now) {
                 if (d > 0 && d < t)
                         t = d;
         }
-        /* a lock that cannot be sent (holding as many rows as it may,
-         * stopping, purging) is no deadline: what lets it go (a delivery
-         * report, a mark's answer) wakes the loop itself */
-        int may_lock = locking(r) && lock_limit(r) > 0;
-        if (may_lock && r->next_lock < t)
-                t = r->next_lock;
-        if (may_lock && r->lock_wanted && r->lock_not_before > now && r->lock_not_before < t)
-                t = r->lock_not_before;
-        if (r->next_sample < t)
-                t = r->next_sample;
+        /* a lock that cannot be sent (a statement on the lock connection,
+         * holding as many rows as it may, stopping, purging) is no
+         * deadline: what lets it go (its answer, a delivery report, a
+         * mark's answer) wakes the loop itself; one waiting out its
+         * statement's backoff is due when that ends. A deadline already
+         * past that nothing can act on would turn the wait into a spin. */
+        if (db_async_phase(r->conns[C_LOCK].db) == DB_IDLE && locking(r) && lock_limit(r) > 0) {
+                double at = r->lock_wanted ? now : r->next_lock;
+                if (r->lock_wanted && r->lock_not_before > at)
+                        at = r->lock_not_before;
+                if (r->stmts[r->lock_stmt].retry_at > at)
+                        at = r->stmts[r->lock_stmt].retry_at;
+                if (at < t)
+                        t = at;
+        }
+        /* the sample, likewise, once the side connection is free */
+        if (db_async_phase(r->conns[C_SIDE].db) == DB_IDLE && !r->stopping) {
+                double at =
+                        r->next_sample > r->side_not_before ? r->next_sample : r->side_not_before;
+                if (r->stmts[RELAY_SQL_SAMPLE].retry_at > at)
+                        at = r->stmts[RELAY_SQL_SAMPLE].retry_at;
+                if (at < t)
+                        t = at;
+        }
         for (int s = 0; s < RELAY_SQL_COUNT; s++)
                 if (r->stmts[s].retry_at > now && r->stmts[s].retry_at < t)
                         t = r->stmts[s].retry_at;

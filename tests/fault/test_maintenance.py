@@ -36,7 +36,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import check_audit, check_kafka, relay_env
+from conftest import check_audit, check_kafka, cpu_seconds, relay_env
 from harness import Relay, free_port, header, make_events, wait_until
 from observe import NEW_CORE, log_records, readyz, scrape
 
@@ -64,6 +64,9 @@ HOLD_S = 21
 LOCK_RETRY_S = 0.5
 LOOP_SLACK_S = 0.3
 MAX_RESUME_S = 4.0
+# The relay's CPU share while it waits for the lock (its loop's wakes, the
+# producer's and the HTTP server's threads; a loop that spins takes a core).
+MAX_WAIT_CPU = 0.15
 # The index build waits for the test's old snapshot as long as the test keeps
 # it, so the backlog has this long to drain beside it: a stalled relay drains
 # nothing, a slow machine (tests run side by side) drains it later; how fast
@@ -298,6 +301,7 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
             with holder.cursor() as cur:
                 cur.execute("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE" % db.table)
             locked_at = time.monotonic()
+            cpu_at_lock = cpu_seconds(relay.pid)
             answers, waits, lock_seen, ticks = [], [], [], []
             while time.monotonic() - locked_at < HOLD_S:
                 ticks.append(time.monotonic() - locked_at)
@@ -307,6 +311,7 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
                 if any(w[3].startswith("outbox-relay:lock:") for w in now):
                     lock_seen.append(time.monotonic() - locked_at)
                 time.sleep(0.2)
+            cpu_share = (cpu_seconds(relay.pid) - cpu_at_lock) / (time.monotonic() - locked_at)
             holder.commit()
             released_at = time.monotonic()
             before = db.count("status = 'PUBLISHED'")
@@ -333,6 +338,9 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
     named = names_blocker(relay.log_text(), holder_pid, DBA)
     assert named, "no warn line names the lock holder (pid %d, %s)" % (holder_pid, DBA)
     assert resumed_s < MAX_RESUME_S, resumed_s
+    # waiting is no work: statements in the lock queue, pauses between them
+    assert cpu_share < MAX_WAIT_CPU, "relay used %.0f%% CPU while the lock was held" \
+        % (cpu_share * 100)
     # from its first timeout on, the lock statement is back in the lock queue
     # within MAX_LOCK_IDLE_S each time (the last stretch ends at the release)
     assert lock_seen, "the lock connection never seen waiting for the lock"
@@ -345,10 +353,10 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
         % (idle, bound, [round(t, 1) for t in lock_seen])
     finish(db, kafka, [relay], "ACCESS EXCLUSIVE held %d s: longest relay lock wait %.2f s; "
            "/readyz 503 from %.1f s (%s: %s); blocker named: %s; lock connection out of the "
-           "lock queue %.2f s at most; resumed %.2f s after COMMIT"
+           "lock queue %.2f s at most; relay CPU %.1f%% while held; resumed %.2f s after COMMIT"
            % (HOLD_S, longest, first, reasons,
               not_ready[-1][1].condition(reasons[0]).get("reason"), named[0][:300], idle,
-              resumed_s),
+              cpu_share * 100, resumed_s),
            report)
 
 
