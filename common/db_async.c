@@ -403,9 +403,10 @@ static const char *command_name(const struct db *db, size_t n) {
         return "set-up";
 }
 
-/* Reads the pipeline's answers; 1 once its sync came (errstr set when a
- * command failed), 0 while more is owed, -1 when the connection broke. */
-static int collect_pipeline(struct db *db, char *errstr, size_t size) {
+/* Reads the pipeline's answers; 1 once its sync came (setup_error and
+ * setup_why set when a command failed), 0 while more is owed, -1 when the
+ * connection broke. */
+static int collect_pipeline(struct db *db) {
         if (!PQconsumeInput(db->conn))
                 return -1;
         while (!PQisBusy(db->conn)) {
@@ -420,10 +421,13 @@ static int collect_pipeline(struct db *db, char *errstr, size_t size) {
                         PQexitPipelineMode(db->conn);
                         return 1;
                 }
-                if (st == PGRES_FATAL_ERROR && !db->setup_error)
-                        db->setup_error =
-                                errstr_set(errstr, size, "%s: %s", command_name(db, db->setup_next),
-                                           PQresultErrorMessage(r));
+                /* kept in db: the pipeline's end, which reports it, may
+                 * come in a later call */
+                if (st == PGRES_FATAL_ERROR && !db->setup_error) {
+                        db->setup_error = 1;
+                        snprintf(db->setup_why, sizeof db->setup_why, "%s: %s",
+                                 command_name(db, db->setup_next), PQresultErrorMessage(r));
+                }
                 PQclear(r);
         }
         return 0;
@@ -552,11 +556,13 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
         if (db->want_write && flush(db) != 0)
                 goto lost;
         if (db->phase == DB_CONNECTING && db->setup == SETUP_STATEMENTS) {
-                int got = collect_pipeline(db, errstr, size);
+                int got = collect_pipeline(db);
                 if (got < 0)
                         goto lost;
                 if (got == 0)
                         return DB_EV_NONE;
+                if (db->setup_error)
+                        errstr_set(errstr, size, "%s", db->setup_why);
                 if (db->setup_error || next_setup(db, errstr, size)) {
                         db_async_close(db);
                         return DB_EV_DOWN;

@@ -33,10 +33,11 @@ struct db {
         struct db_session session;
         char *session_app;
         enum db_phase phase;
-        int setup;         /* enum setup of db_async.c */
-        size_t setup_next; /* set-up commands answered */
-        int setup_error;   /* one of them failed (the first one's error is kept) */
-        int setup_tries;   /* the statement timeout's SET, sent this many times */
+        int setup;           /* enum setup of db_async.c */
+        size_t setup_next;   /* set-up commands answered */
+        int setup_error;     /* one of them failed (the first one's error is kept) */
+        char setup_why[512]; /* that error, until the set-up's end reports it */
+        int setup_tries;     /* the statement timeout's SET, sent this many times */
         PostgresPollingStatusType connect_polling;
         double connect_deadline;
         int want_write;      /* libpq holds data back: wait for POLLOUT */

@@ -360,6 +360,43 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
            report)
 
 
+def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
+    """A relay that starts while a DBA holds the table: each connection's
+    set-up (preparing its statements) gives up after the lock timeout, and
+    the log line and /readyz say so in the server's words, the statement
+    named, whichever answer of the set-up carried the error; it publishes
+    once the lock ends."""
+    kafka.create_topic("%s.Order" % db.schema, 1)
+    db.insert_events(make_events(aggregates=5, versions=2))
+    port = free_port()
+    holder = dba(db)
+    holder.autocommit = False
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE" % db.table)
+        with Relay("outbox-relay", name="r-start-locked", log_dir=tmp_path,
+                   env=env_for(db, kafka, "r-start-locked", port)) as relay:
+            def downs():
+                return [r for r in log_records(relay.log_text())
+                        if r.get("msg") == "database connection down, retrying"]
+            wait_until(lambda: len(downs()) >= 2, 30, what="set-up failures logged")
+            for r in downs():
+                assert "lock timeout" in r["err"] and ": ERROR:" in r["err"], r["_line"]
+                assert r["err"].split(":")[0] in ("lock", "fetch", "mark_published", "sample",
+                                                  "take_back_own", "gaps", "held", "horizon",
+                                                  "unpark", "blockers", "indexes",
+                                                  "mark_published_by_id", "mark_unpublished",
+                                                  "mark_released", "lock_none"), r["_line"]
+            reason = readyz(port).condition("database").get("reason", "")
+            assert "lock timeout" in reason, reason
+            holder.commit()
+            wait_until(lambda: db.count("status = 'PUBLISHED'") == 10, 30,
+                       what="published once the lock ended")
+            assert relay.stop() == 0
+    finally:
+        holder.close()
+
+
 def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, report):
     kafka.create_topic("%s.Order" % db.schema, 4)
     db.insert_events(make_events(aggregates=200, versions=10))
