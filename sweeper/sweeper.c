@@ -35,8 +35,12 @@ struct sweeper {
         int stop_logged;
         int indexes_wanted; /* check the indexes once connected (at start, and
                              * when a statement starts to time out) */
-        int timing_out;     /* a statement timed out since the last sweep
-                             * that completed */
+        int timing_out;     /* a statement timed out in the last sweep */
+        int timeouts;       /* statement timeouts, all told */
+        /* the error the last sweep and the last parking failed with ("":
+         * they worked), so that one cause is logged when it starts and when
+         * it ends, not at every sweep */
+        char sweep_failing[512], park_failing[512];
 };
 
 static void beat(struct sweeper *s) {
@@ -119,9 +123,11 @@ static struct db_result *run_text(struct sweeper *s, int stmt, int n, const char
         else
                 errstr_set(errstr, size, "%s: %s", name, db_result_error(res));
         metrics_add2(M_STATEMENT_ERRORS, name, state, 1);
-        if (!strcmp(state, "57014") && !s->timing_out) {
+        if (!strcmp(state, "57014")) {
+                s->timeouts++;
+                if (!s->timing_out)
+                        s->indexes_wanted = 1;
                 s->timing_out = 1;
-                s->indexes_wanted = 1;
         }
         if (db_fault_of(state) == DB_FAULT_SESSION)
                 db_disconnect(s->db);
@@ -225,9 +231,17 @@ static void park(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_re
         if (res->parked)
                 log_warn("sweeper", "versions parked behind DEAD versions of their aggregate",
                          "rows=%lld", res->parked);
+        if (*s->park_failing)
+                log_info("sweeper", "parking works again", NULL);
+        s->park_failing[0] = '\0';
         return;
 fail:
-        log_warn("sweeper", "parking failed, going on", "err=%s", err);
+        /* one line when it starts failing or its error changes */
+        if (strcmp(s->park_failing, err) != 0)
+                log_warn("sweeper", "parking failed, going on", "err=%s", err);
+        else
+                log_debug("sweeper", "parking failed, going on", "err=%s", err);
+        snprintf(s->park_failing, sizeof s->park_failing, "%s", err);
 }
 
 int sweeper_sweep(struct sweeper *s, volatile sig_atomic_t *stop, struct sweep_result *res,
@@ -306,17 +320,30 @@ static int sweep_once(struct sweeper *s, volatile sig_atomic_t *stop) {
         struct sweep_result res;
         char err[512];
         double started = clock_mono_s();
+        int timeouts = s->timeouts;
         int rc = sweeper_sweep(s, stop, &res, err, sizeof err);
         if (rc != 0) {
-                log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
-                         res.stale_reset, res.deleted, err);
+                /* one line when it starts failing or its error changes */
+                if (strcmp(s->sweep_failing, err) != 0)
+                        log_warn("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
+                                 res.stale_reset, res.deleted, err);
+                else
+                        log_debug("sweeper", "sweep failed", "stale_reset=%lld deleted=%lld err=%s",
+                                  res.stale_reset, res.deleted, err);
+                snprintf(s->sweep_failing, sizeof s->sweep_failing, "%s", err);
                 health_set(s->health, H_SWEEP, 0, "sweep failed: %s", err);
                 if (!db_connected(s->db))
                         health_set(s->health, H_DATABASE, 0, "connection lost");
                 return -1;
         }
         health_set(s->health, H_SWEEP, 1, "last sweep completed");
-        s->timing_out = 0;
+        if (*s->sweep_failing)
+                log_info("sweeper", "sweep works again", NULL);
+        s->sweep_failing[0] = '\0';
+        /* timed out no more: a later timeout checks the indexes again (a
+         * sweep whose parking timed out completes, but is still timing out) */
+        if (s->timeouts == timeouts)
+                s->timing_out = 0;
         if (res.stale_reset || res.deleted || res.parked || res.unparked)
                 log_info("sweeper", "sweep done",
                          "stale_reset=%lld parked=%lld unparked=%lld deleted=%lld statements=%d "

@@ -10,7 +10,7 @@ import time
 import urllib.request
 
 from conftest import actor_env
-from observe import log_records
+from observe import log_records, scrape
 from harness import Relay, free_port, make_events, wait_until
 
 
@@ -175,22 +175,34 @@ def test_sweeper_names_missing_indexes_it_reads(db, tmp_path):
     assert findings(once("sweeper-plain", OUTBOX_RETENTION_KEEP_LATEST="false")) == missing[:1]
     assert findings(once("sweeper-no-retention", OUTBOX_RETENTION_S=0)) == []
 
-    # a sweep that starts to time out (its stale-lock statement waits for a
-    # table lock longer than its statement timeout) checks again, once
+    # sweeps that start to time out (the stale-lock statement waits for a
+    # table lock longer than its statement timeout) check again, once for
+    # the whole run of timeouts; the failure is logged when it starts and
+    # when it ends, not at every sweep
     holder = db.pg.connect()
     holder.autocommit = False
+    port = free_port()
     env = actor_env(db, "sweeper-loop", OUTBOX_RETENTION_S=3600, OUTBOX_SWEEP_INTERVAL_S=1,
                     OUTBOX_LOCK_TIMEOUT_S=300, OUTBOX_RETENTION_KEEP_LATEST="false",
-                    OUTBOX_STATEMENT_TIMEOUT_MS=100, OUTBOX_DB_LOCK_TIMEOUT_MS=60000)
+                    OUTBOX_STATEMENT_TIMEOUT_MS=100, OUTBOX_DB_LOCK_TIMEOUT_MS=60000,
+                    OUTBOX_HTTP_ADDR="127.0.0.1:%d" % port)
+
+    def timeouts():
+        return scrape(port).total("outbox_statement_errors_total", sqlstate="57014")
+
+    def lines(msg):
+        return [r for r in log_records(s.log_text()) if r.get("msg") == msg]
     try:
         with Relay("outbox-sweeper", name="sweeper-loop", log_dir=tmp_path, env=env) as s:
             wait_until(lambda: findings(s) == missing[:1], 20, what="the check at start")
             with holder.cursor() as cur:
                 cur.execute("LOCK TABLE %s IN SHARE MODE" % db.table)
-            wait_until(lambda: s.log_text().count("statement timeout") >= 3, 30,
-                       what="sweeps timing out")
+            wait_until(lambda: timeouts() >= 4, 30, what="sweeps timing out")
             holder.commit()
+            wait_until(lambda: lines("sweep works again"), 20, what="a sweep completing")
             assert findings(s) == missing[:1] * 2
+            failed = lines("sweep failed")
+            assert len(failed) == 1 and "statement timeout" in failed[0]["err"], failed
             assert s.stop() == 0
     finally:
         holder.close()
