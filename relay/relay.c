@@ -927,10 +927,15 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
         struct batch *b = r->fetching;
         r->fetching = NULL;
         if (!db_result_ok(res)) {
-                if (db_async_phase(db_of(r, C_LOCK)) == DB_DOWN)
+                const char *state = db_result_sqlstate(res);
+                int lost = db_async_phase(db_of(r, C_LOCK)) == DB_DOWN;
+                if (lost)
                         fetch_lost(r, b); /* the answer was the session's end */
-                if (*db_result_sqlstate(res) &&
-                    db_fault_of(db_result_sqlstate(res)) == DB_FAULT_STATEMENT) {
+                /* an error of the client's with the session alive (libpq
+                 * out of memory for the answer: a row too large for this
+                 * process) has no SQLSTATE; as an error in the rows, they
+                 * are read alone and the one that fails is found */
+                if ((*state && db_fault_of(state) == DB_FAULT_STATEMENT) || (!*state && !lost)) {
                         if (!r->fetch_alone) {
                                 /* something in one of its rows: each is read
                                  * alone until the one that fails is found */
