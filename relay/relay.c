@@ -940,12 +940,11 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                                 /* something in one of its rows: each is read
                                  * alone until the one that fails is found */
                                 log_warn("relay", "a fetch failed: reading its rows one at a time",
-                                         "rows=%zu sqlstate=%s", batch_suspect_asked(b),
-                                         db_result_sqlstate(res));
+                                         "rows=%zu sqlstate=%s", batch_suspect_asked(b), state);
                         } else {
-                                read_failed(r, b, db_result_sqlstate(res), db_result_error(res));
+                                read_failed(r, b, state, db_result_error(res));
                         }
-                } else if (*db_result_sqlstate(res)) {
+                } else if (*state) {
                         stmt_failed(r, C_LOCK, RELAY_SQL_FETCH, res, now);
                 }
                 db_result_free(res);
