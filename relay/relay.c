@@ -1617,6 +1617,13 @@ static void notice_stop(struct relay *r, volatile sig_atomic_t *stop, double now
                         r->conns[c].retry_at = now + LIFECYCLE_STOP_RETRY_MS / 1000.0;
 }
 
+/* Whether a stopping relay still has work in hand: rows, a lock statement
+ * whose rows are not known yet, messages, a take-back. */
+static int owes(const struct relay *r) {
+        return r->rows_open > 0 || db_async_phase(r->conns[C_LOCK].db) == DB_BUSY ||
+               kafka_outstanding(r->kafka) > 0 || r->take_back_wanted;
+}
+
 /* Whether the loop is done: stopping and nothing in hand (or the database
  * stayed out of reach past the grace, or a fatal error). */
 static int finished(struct relay *r, double now) {
@@ -1624,10 +1631,7 @@ static int finished(struct relay *r, double now) {
                 return 1;
         if (!r->stopping && !r->fatal)
                 return 0;
-        int busy_lock = db_async_phase(db_of(r, C_LOCK)) == DB_BUSY;
-        int owed = r->rows_open > 0 || busy_lock || kafka_outstanding(r->kafka) > 0 ||
-                   r->take_back_wanted;
-        if (!owed)
+        if (!owes(r))
                 return 1;
         /* the database is needed to finish: the mark connection for marks,
          * the side connection (and the lock one's clock) for a take-back */
@@ -1645,7 +1649,13 @@ static int finished(struct relay *r, double now) {
 
 /* The next moment something timed is due (monotonic), for poll's timeout. */
 static double next_deadline(const struct relay *r, double now) {
+        /* the step that settled the last of a stopping relay's work is what
+         * lets it finish: nothing else would wake the loop */
+        if ((r->stopping || r->fatal) && !owes(r))
+                return now;
         double t = now + 1.0; /* the heartbeat and the health clocks */
+        if (r->stop_deadline > 0 && r->stop_deadline < t)
+                t = r->stop_deadline;
         for (int c = 0; c < C_COUNT; c++) {
                 const struct db *db = r->conns[c].db;
                 if (db_async_phase(db) == DB_DOWN && r->conns[c].retry_at < t)
