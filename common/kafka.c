@@ -47,6 +47,11 @@ static const char *const defaults[][2] = {
         /* Broker connections, round trips and queues for /metrics and
          * readiness (parsed by kafka_stats.c). */
         {"statistics.interval.ms", "1000"},
+        /* The relay's metrics are its own /metrics. Pushing client metrics
+         * to the brokers (KIP-714) would add requests, and the producer's
+         * destruction waits up to a second for the last push, which a hung
+         * broker never answers: a stop would take that much longer. */
+        {"enable.metrics.push", "false"},
 };
 
 static int is_permanent(rd_kafka_resp_err_t err) {
