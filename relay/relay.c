@@ -89,6 +89,10 @@
  * LOCK_WAIT_RETRY_CAP_MS), is named every so often, not at each attempt. */
 #define BLOCKED_REPORT_S 1.0
 #define BLOCKED_REPEAT_S 30.0
+
+/* How often rows another transaction holds are asked about again
+ * (mark_probe.sql): each ask reads them, never waits. */
+#define PROBE_REPEAT_S 1.0
 /* The lock window leaves out the aggregates this relay has a run of
  * versions in flight for, and those whose row has been in flight this long
  * (a slow or stopped broker's partitions): the guard holds their queued
@@ -191,6 +195,10 @@ struct relay {
         int marking_stmt;
         struct buf mp[6];      /* its array parameters */
         double oldest_settled; /* when the oldest outcome waiting for a mark came (0: none) */
+        double oldest_free;    /* the same among the rows no other transaction holds */
+        double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
+        long long rows_held_by_other; /* settled rows left out of marks (held_by_other) */
+        double held_logged_at;        /* when that was last logged at warn */
 
         /* the side connection */
         enum side_task side_task;
@@ -998,8 +1006,9 @@ static int mark_stmt(enum decide_mark m) {
                                       : RELAY_SQL_MARK_UNPUBLISHED;
 }
 
-/* Adds row w to the mark statement being built; -1 out of memory. */
-static int mark_add(struct relay *r, struct row *w) {
+/* Adds row w to the rows of the statement being built on the mark
+ * connection, and its outbox_id to its list (mp[1]); -1 out of memory. */
+static int marking_add(struct relay *r, struct row *w) {
         if (r->nmarking == r->marking_cap) {
                 size_t cap = r->marking_cap ? r->marking_cap * 2 : 256;
                 struct row **m = realloc(r->marking, cap * sizeof *m);
@@ -1009,7 +1018,12 @@ static int mark_add(struct relay *r, struct row *w) {
                 r->marking_cap = cap;
         }
         r->marking[r->nmarking++] = w;
-        if (array_add(&r->mp[0], w->tid) || array_add(&r->mp[1], w->id))
+        return array_add(&r->mp[1], w->id);
+}
+
+/* Adds row w to the mark statement being built; -1 out of memory. */
+static int mark_add(struct relay *r, struct row *w) {
+        if (marking_add(r, w) || array_add(&r->mp[0], w->tid))
                 return -1;
         if (w->mark != DECIDE_FAILED && w->mark != DECIDE_DEAD)
                 return 0;
@@ -1042,25 +1056,78 @@ static void count_outcome(const struct row *w) {
         }
 }
 
+/* Asks which of the rows whose mark gave up on a lock, and are due to be
+ * asked about, another transaction still holds (mark_probe.sql). */
+static void send_probe(struct relay *r, double now) {
+        char err[512];
+        buf_reset(&r->mp[1]);
+        if (buf_append(&r->mp[1], "{", 1))
+                return;
+        r->nmarking = 0;
+        for (struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++) {
+                        struct row *w = &b->rows[i];
+                        if (w->stage == ROW_SETTLED && w->held_by_other && w->probe_at <= now &&
+                            marking_add(r, w) != 0)
+                                return;
+                }
+        if (buf_append(&r->mp[1], "}", 1))
+                return;
+        const char *params[2] = {r->cfg->relay_id, r->mp[1].data};
+        if (db_async_send(db_of(r, C_MARK), RELAY_SQL_MARK_PROBE, 2, params, 1, now, err,
+                          sizeof err) != 0) {
+                r->nmarking = 0;
+                conn_down(r, C_MARK, err, now);
+                return;
+        }
+        r->marking_stmt = RELAY_SQL_MARK_PROBE;
+        for (size_t i = 0; i < r->nmarking; i++)
+                r->marking[i]->stage = ROW_MARKING;
+}
+
 /* Step: when the mark connection is free, marks the settled rows of one
  * outcome class (the class of the oldest settled row), all of them in one
- * statement, once they waited MARK_LINGER_S (at once when stopping). */
+ * statement, once they waited MARK_LINGER_S (at once when stopping). Rows
+ * another transaction holds are left out, so that they hold back only
+ * themselves (and their aggregates), and are asked about until free. */
 static void mark(struct relay *r, double now) {
         char err[512];
         struct row *oldest = NULL;
         size_t settled = 0;
+        double oldest_any = 0;
+        int probe_due = 0;
+        r->next_probe = 0;
+        r->rows_held_by_other = 0;
         for (struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
                         if (w->stage != ROW_SETTLED)
                                 continue;
+                        if (oldest_any == 0 || w->settled_at < oldest_any)
+                                oldest_any = w->settled_at;
+                        if (w->held_by_other) {
+                                r->rows_held_by_other++;
+                                probe_due |= w->probe_at <= now;
+                                if (r->next_probe == 0 || w->probe_at < r->next_probe)
+                                        r->next_probe = w->probe_at;
+                                continue;
+                        }
                         settled++;
                         if (!oldest || w->settled_at < oldest->settled_at)
                                 oldest = w;
                 }
-        r->oldest_settled = oldest ? oldest->settled_at : 0;
+        /* readiness counts every outcome that waits, held ones too: they
+         * are stuck; the linger only the rows a mark may take */
+        r->oldest_settled = oldest_any;
+        r->oldest_free = oldest ? oldest->settled_at : 0;
         health_mark_waiting(r->health, r->oldest_settled);
-        if (!oldest || !idle(r, C_MARK))
+        if (!idle(r, C_MARK))
+                return;
+        if (probe_due && stmt_may_run(r, RELAY_SQL_MARK_PROBE, now)) {
+                send_probe(r, now);
+                return;
+        }
+        if (!oldest)
                 return;
         int stmt = mark_stmt(oldest->mark);
         if (!stmt_may_run(r, stmt, now))
@@ -1077,7 +1144,8 @@ static void mark(struct relay *r, double now) {
         for (struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
-                        if (w->stage != ROW_SETTLED || mark_stmt(w->mark) != stmt)
+                        if (w->stage != ROW_SETTLED || w->held_by_other ||
+                            mark_stmt(w->mark) != stmt)
                                 continue;
                         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && w->mark != oldest->mark)
                                 continue; /* FAILED and DEAD go in statements of their own */
@@ -1159,15 +1227,93 @@ static void row_done(struct relay *r, struct row *w, int lost) {
         r->rows_open--;
 }
 
+/* A row of mark_probe's answer (its outbox_id first: by_uuid sorts it). */
+struct probed {
+        unsigned char id[16];
+        int free;
+};
+
+/* mark_probe's answer: the rows no other transaction holds go back to the
+ * marks; the held ones are asked about again in PROBE_REPEAT_S; a row the
+ * answer leaves out is no longer this relay's. */
+static void probe_result(struct relay *r, struct db_result *res, double now) {
+        stmt_ok(r, RELAY_SQL_MARK_PROBE);
+        int n = db_result_rows(res);
+        struct probed *got = calloc(n ? (size_t)n : 1, sizeof *got);
+        if (!got) {
+                for (size_t i = 0; i < r->nmarking; i++) {
+                        r->marking[i]->stage = ROW_SETTLED;
+                        r->marking[i]->probe_at = now + PROBE_REPEAT_S;
+                }
+                r->nmarking = 0;
+                db_result_free(res);
+                return;
+        }
+        for (int k = 0; k < n; k++) {
+                if (db_result_length(res, k, 0) == 16)
+                        memcpy(got[k].id, db_result_value(res, k, 0), 16);
+                got[k].free = db_result_length(res, k, 1) == 1 && db_result_value(res, k, 1)[0];
+        }
+        qsort(got, (size_t)n, sizeof *got, by_uuid);
+        db_result_free(res);
+        size_t held = 0;
+        const char *first = NULL;
+        for (size_t i = 0; i < r->nmarking; i++) {
+                struct row *w = r->marking[i];
+                struct probed *g = bsearch(w->id_bin, got, (size_t)n, sizeof *got, by_uuid);
+                if (!g) {
+                        row_done(r, w, 1);
+                        continue;
+                }
+                w->stage = ROW_SETTLED;
+                if (g->free) {
+                        w->held_by_other = 0;
+                        continue;
+                }
+                if (!first)
+                        first = w->id;
+                held++;
+                w->probe_at = now + PROBE_REPEAT_S;
+        }
+        free(got);
+        if (held && now - r->held_logged_at >= BLOCKED_REPEAT_S) {
+                r->held_logged_at = now;
+                log_warn("relay", "events held by another transaction: marking the others",
+                         "rows=%zu outbox_id=%s", held, first);
+        } else if (held) {
+                log_debug("relay", "events held by another transaction", "rows=%zu outbox_id=%s",
+                          held, first);
+        }
+        r->nmarking = 0;
+        r->lock_wanted = 1;
+}
+
 static void mark_result(struct relay *r, struct db_result *res, double now) {
         int stmt = r->marking_stmt;
         if (!db_result_ok(res)) {
-                if (*db_result_sqlstate(res))
+                const char *state = db_result_sqlstate(res);
+                /* a lock waited for past lock_timeout: a row lock of
+                 * another transaction on one of these rows (or a table
+                 * lock): mark_probe asks which, and the others go on */
+                int held = !strcmp(state, "55P03");
+                if (*state)
                         stmt_failed(r, C_MARK, stmt, res, now);
-                for (size_t i = 0; i < r->nmarking; i++)
-                        r->marking[i]->stage = ROW_SETTLED; /* marked again later */
+                for (size_t i = 0; i < r->nmarking; i++) {
+                        struct row *w = r->marking[i];
+                        w->stage = ROW_SETTLED; /* marked again later */
+                        if (held && !w->held_by_other) {
+                                w->held_by_other = 1;
+                                w->probe_at = now;
+                        } else if (held) {
+                                w->probe_at = r->stmts[stmt].retry_at;
+                        }
+                }
                 r->nmarking = 0;
                 db_result_free(res);
+                return;
+        }
+        if (stmt == RELAY_SQL_MARK_PROBE) {
+                probe_result(r, res, now);
                 return;
         }
         stmt_ok(r, stmt);
@@ -1634,8 +1780,12 @@ static int finished(struct relay *r, double now) {
         if (!owes(r))
                 return 1;
         /* the database is needed to finish: the mark connection for marks,
-         * the side connection (and the lock one's clock) for a take-back */
-        int reachable = db_async_phase(db_of(r, C_MARK)) >= DB_IDLE &&
+         * the side connection (and the lock one's clock) for a take-back;
+         * rows only another transaction's commit can let the relay mark
+         * wait as long as the database would */
+        int only_held = r->rows_open > 0 && r->rows_open == r->rows_held_by_other &&
+                        kafka_outstanding(r->kafka) == 0 && !r->take_back_wanted;
+        int reachable = !only_held && db_async_phase(db_of(r, C_MARK)) >= DB_IDLE &&
                         (!r->take_back_wanted || (db_async_phase(db_of(r, C_SIDE)) >= DB_IDLE &&
                                                   db_async_phase(db_of(r, C_LOCK)) >= DB_IDLE));
         if (reachable) {
@@ -1691,8 +1841,15 @@ static double next_deadline(const struct relay *r, double now) {
         for (int s = 0; s < RELAY_SQL_COUNT; s++)
                 if (r->stmts[s].retry_at > now && r->stmts[s].retry_at < t)
                         t = r->stmts[s].retry_at;
-        if (r->oldest_settled > 0) {
-                double linger = r->oldest_settled + MARK_LINGER_S;
+        if (r->next_probe > 0 && db_async_phase(r->conns[C_MARK].db) == DB_IDLE) {
+                double at = r->next_probe;
+                if (r->stmts[RELAY_SQL_MARK_PROBE].retry_at > at)
+                        at = r->stmts[RELAY_SQL_MARK_PROBE].retry_at;
+                if (at < t)
+                        t = at;
+        }
+        if (r->oldest_free > 0) {
+                double linger = r->oldest_free + MARK_LINGER_S;
                 if (linger > now && linger < t)
                         t = linger;
         }
@@ -1782,7 +1939,7 @@ struct relay *relay_new(const struct config *cfg, struct http *http, char *errst
                         s.prepare = 1ULL << RELAY_SQL_MARK_PUBLISHED |
                                     1ULL << RELAY_SQL_MARK_PUBLISHED_BY_ID |
                                     1ULL << RELAY_SQL_MARK_UNPUBLISHED |
-                                    1ULL << RELAY_SQL_MARK_RELEASED;
+                                    1ULL << RELAY_SQL_MARK_RELEASED | 1ULL << RELAY_SQL_MARK_PROBE;
                 else
                         s.prepare = 1ULL << RELAY_SQL_TAKE_BACK_OWN | 1ULL << RELAY_SQL_SAMPLE |
                                     1ULL << RELAY_SQL_GAPS | 1ULL << RELAY_SQL_HELD |

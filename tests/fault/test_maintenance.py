@@ -386,7 +386,8 @@ def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
                                                   "take_back_own", "gaps", "held", "horizon",
                                                   "unpark", "blockers", "indexes",
                                                   "mark_published_by_id", "mark_unpublished",
-                                                  "mark_released", "lock_none"), r["_line"]
+                                                  "mark_released", "mark_probe",
+                                                  "lock_none"), r["_line"]
             reason = readyz(port).condition("database").get("reason", "")
             assert "lock timeout" in reason, reason
             holder.commit()
@@ -395,6 +396,98 @@ def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
             assert relay.stop() == 0
     finally:
         holder.close()
+
+
+# How long the DBA's transaction holds its row in the row-lock test.
+ROW_HOLD_S = 14
+# Rows of mark_probe asked about again this often (relay.c PROBE_REPEAT_S).
+PROBE_REPEAT_S = 1.0
+
+
+def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp_path, report):
+    """A DBA's UPDATE of one in-flight row, left open: every mark that
+    includes the row waits for it. The relay marks the other rows without it
+    (new events keep reaching Kafka and PUBLISHED), asks about the held row
+    until the transaction ends, and marks it then; the wait shows (a warn line
+    naming the row, another naming the holder, /readyz 503 while the row's
+    outcome waits past the stall bound)."""
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    db.insert_events(make_events(aggregates=40, versions=3, id_prefix="a"))
+    port = free_port()
+    holder = dba(db)
+    holder.autocommit = False
+    with holder.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        holder_pid = cur.fetchone()[0]
+    writer = relay = None
+    try:
+        with kafka.paused():
+            relay = Relay("outbox-relay", name="r-row", log_dir=tmp_path,
+                          env=env_for(db, kafka, "r-row", port))
+            held = wait_until(lambda: db.rows(where="status = 'PUBLISHING' AND "
+                                                    "aggregate_version = 1"), 30,
+                              what="the relay holding first versions")[0]
+            with holder.cursor() as cur:
+                cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
+                            % db.table, (held["outbox_id"],))
+        held_at = time.monotonic()
+        writer = Writer(db, per_step=10, every_s=0.1)
+        writer.start()
+        answers = []
+        published_while_held = []
+        while time.monotonic() - held_at < ROW_HOLD_S:
+            answers.append((time.monotonic() - held_at, readyz(port)))
+            published_while_held.append(
+                (time.monotonic() - held_at, db.count("status = 'PUBLISHED' AND aggregate_id "
+                                                      "LIKE 'w%%'")))
+            time.sleep(0.2)
+        state = db.rows(where="outbox_id = '%s'" % held["outbox_id"])[0]
+        holder.commit()
+        released_at = time.monotonic()
+        wait_until(lambda: db.count("status = 'PUBLISHED' AND outbox_id = %s",
+                                    (held["outbox_id"],)), 10, interval=0.05,
+                   what="the held row marked after the COMMIT")
+        marked_s = time.monotonic() - released_at
+        written = writer.stop()
+        writer = None
+        wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+        wait_until(lambda: readyz(port).status == 200, 10, what="/readyz 200 again")
+        assert relay.stop() == 0
+    finally:
+        if writer:
+            writer.stopped.set()
+        if relay and relay.running():
+            relay.kill()
+        holder.close()
+    # the held row waited, PUBLISHING, as long as the transaction held it
+    assert state["status"] == "PUBLISHING", state["status"]
+    # the others went on: rows written while the row was held were marked
+    # PUBLISHED before its end, steadily (none waits more than MAX_PAUSE_S
+    # past the first mark that gave up)
+    late = [n for t, n in published_while_held if t >= ROW_HOLD_S - 2]
+    early = [n for t, n in published_while_held if DB_LOCK_TIMEOUT_MS / 1000 + 2 <= t < 6]
+    assert early and late and late[-1] > early[-1] > 0, published_while_held
+    assert max_latency_s(db, "aggregate_id LIKE 'w%%' AND created_at > (SELECT min(created_at) "
+                         "FROM %s WHERE aggregate_id LIKE 'w%%') + interval '%d seconds'"
+                         % (db.table, DB_LOCK_TIMEOUT_MS / 1000 + 2)) < MAX_PAUSE_S + 1, \
+        "rows written while a row was held waited for it"
+    assert marked_s < PROBE_REPEAT_S + 1.5, marked_s
+    text = relay.log_text()
+    said = [r for r in log_records(text)
+            if r.get("msg", "").startswith("events held by another transaction")
+            and r.get("outbox_id") == held["outbox_id"] and r.get("level") == "warn"]
+    assert said, "no warn line names the held row"
+    named = names_blocker(text, holder_pid, DBA)
+    assert named, "no warn line names the holder (pid %d, %s)" % (holder_pid, DBA)
+    not_ready = [(t, r) for t, r in answers if r.status == 503]
+    assert not_ready, "/readyz never 503 while the row's outcome waited %d s" % ROW_HOLD_S
+    reason = not_ready[-1][1].condition("mark").get("reason", "")
+    assert "waiting" in reason, not_ready[-1][1]
+    finish(db, kafka, [relay], "row held %d s by an open UPDATE: %d rows written meanwhile "
+           "published beside it (%d by the end of the hold); held row marked %.2f s after "
+           "COMMIT; /readyz 503 from %.1f s (%s); %s" % (
+               ROW_HOLD_S, written, late[-1], marked_s, not_ready[0][0], reason, said[0]["_line"]),
+           report)
 
 
 def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, report):
