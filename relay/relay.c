@@ -197,8 +197,9 @@ struct relay {
         double oldest_settled; /* when the oldest outcome waiting for a mark came (0: none) */
         double oldest_free;    /* the same among the rows no other transaction holds */
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
-        long long rows_held_by_other; /* settled rows left out of marks (held_by_other) */
+        long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
         double held_logged_at;        /* when that was last logged at warn */
+        int held_said; /* a warn line said rows are held, none said since that none are */
 
         /* the side connection */
         enum side_task side_task;
@@ -393,9 +394,11 @@ forget:
         if (c == C_MARK)
                 for (size_t i = 0; i < r->nmarking; i++) {
                         /* the mark's outcome is unknown: it is sent again, and
-                         * a row it did mark is not counted as a lost lock */
+                         * a row it did mark is not counted as a lost lock (a
+                         * probe marks nothing) */
                         r->marking[i]->stage = ROW_SETTLED;
-                        r->marking[i]->mark_uncertain = 1;
+                        if (r->marking_stmt != RELAY_SQL_MARK_PROBE)
+                                r->marking[i]->mark_uncertain = 1;
                 }
         if (c == C_MARK)
                 r->nmarking = 0;
@@ -1056,6 +1059,13 @@ static void count_outcome(const struct row *w) {
         }
 }
 
+/* Whether settled row w stays out of the marks: another transaction holds
+ * it, or it would go PUBLISHED before an earlier version of its run that is
+ * held (that version would then read as late: DESIGN.md, LATE_VERSION). */
+static int left_out(const struct row *w) {
+        return w->held_by_other || (w->behind_held && w->mark == DECIDE_PUBLISHED);
+}
+
 /* Asks which of the rows whose mark gave up on a lock, and are due to be
  * asked about, another transaction still holds (mark_probe.sql). */
 static void send_probe(struct relay *r, double now) {
@@ -1101,12 +1111,24 @@ static void mark(struct relay *r, double now) {
         for (struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
-                        if (w->stage != ROW_SETTLED)
+                        /* a later version of a held row waits for its mark:
+                         * PUBLISHED never goes to a version before its
+                         * predecessor (a row in a run follows its
+                         * predecessor in the batch) */
+                        const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
+                        w->behind_held =
+                                p && p->stage != ROW_MARKED && (p->held_by_other || p->behind_held);
+                        int waits = w->stage == ROW_SETTLED ||
+                                    (w->stage == ROW_MARKING && w->held_by_other);
+                        if (!waits)
                                 continue;
                         if (oldest_any == 0 || w->settled_at < oldest_any)
                                 oldest_any = w->settled_at;
-                        if (w->held_by_other) {
+                        if (left_out(w))
                                 r->rows_held_by_other++;
+                        if (w->stage != ROW_SETTLED || (left_out(w) && !w->held_by_other))
+                                continue;
+                        if (w->held_by_other) {
                                 probe_due |= w->probe_at <= now;
                                 if (r->next_probe == 0 || w->probe_at < r->next_probe)
                                         r->next_probe = w->probe_at;
@@ -1144,8 +1166,7 @@ static void mark(struct relay *r, double now) {
         for (struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
-                        if (w->stage != ROW_SETTLED || w->held_by_other ||
-                            mark_stmt(w->mark) != stmt)
+                        if (w->stage != ROW_SETTLED || left_out(w) || mark_stmt(w->mark) != stmt)
                                 continue;
                         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && w->mark != oldest->mark)
                                 continue; /* FAILED and DEAD go in statements of their own */
@@ -1227,6 +1248,14 @@ static void row_done(struct relay *r, struct row *w, int lost) {
         r->rows_open--;
 }
 
+static int any_held(const struct relay *r) {
+        for (const struct batch *b = r->batches; b; b = b->next)
+                for (size_t i = 0; i < b->n; i++)
+                        if (b->rows[i].held_by_other && b->rows[i].stage != ROW_MARKED)
+                                return 1;
+        return 0;
+}
+
 /* A row of mark_probe's answer (its outbox_id first: by_uuid sorts it). */
 struct probed {
         unsigned char id[16];
@@ -1256,13 +1285,14 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
         }
         qsort(got, (size_t)n, sizeof *got, by_uuid);
         db_result_free(res);
-        size_t held = 0;
+        size_t held = 0, gone = 0;
         const char *first = NULL;
         for (size_t i = 0; i < r->nmarking; i++) {
                 struct row *w = r->marking[i];
                 struct probed *g = bsearch(w->id_bin, got, (size_t)n, sizeof *got, by_uuid);
                 if (!g) {
                         row_done(r, w, 1);
+                        gone++;
                         continue;
                 }
                 w->stage = ROW_SETTLED;
@@ -1276,16 +1306,23 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                 w->probe_at = now + PROBE_REPEAT_S;
         }
         free(got);
-        if (held && now - r->held_logged_at >= BLOCKED_REPEAT_S) {
+        if (held && (!r->held_said || now - r->held_logged_at >= BLOCKED_REPEAT_S)) {
                 r->held_logged_at = now;
+                r->held_said = 1;
                 log_warn("relay", "events held by another transaction: marking the others",
                          "rows=%zu outbox_id=%s", held, first);
         } else if (held) {
                 log_debug("relay", "events held by another transaction", "rows=%zu outbox_id=%s",
                           held, first);
         }
+        /* once no row is held any more, after a line said some were */
+        if (r->held_said && !held && !any_held(r)) {
+                r->held_said = 0;
+                log_info("relay", "no event held by another transaction any more", NULL);
+        }
         r->nmarking = 0;
-        r->lock_wanted = 1;
+        if (gone)
+                r->lock_wanted = 1; /* versions behind a lost one may go */
 }
 
 static void mark_result(struct relay *r, struct db_result *res, double now) {
@@ -1323,8 +1360,15 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
         int n = db_result_rows(res);
         unsigned char(*ids)[16] = calloc(n ? (size_t)n : 1, sizeof *ids);
         if (!ids) {
+                /* which rows it marked is unknown: they are marked again, and
+                 * one no longer held is not counted as a lost lock */
                 db_result_free(res);
-                return; /* the rows stay MARKING; the lost connection path retries */
+                for (size_t i = 0; i < r->nmarking; i++) {
+                        r->marking[i]->stage = ROW_SETTLED;
+                        r->marking[i]->mark_uncertain = 1;
+                }
+                r->nmarking = 0;
+                return;
         }
         for (int k = 0; k < n; k++)
                 if (db_result_length(res, k, 0) == 16)
@@ -1784,7 +1828,7 @@ static int finished(struct relay *r, double now) {
          * rows only another transaction's commit can let the relay mark
          * wait as long as the database would */
         int only_held = r->rows_open > 0 && r->rows_open == r->rows_held_by_other &&
-                        kafka_outstanding(r->kafka) == 0 && !r->take_back_wanted;
+                        kafka_outstanding(r->kafka) == 0;
         int reachable = !only_held && db_async_phase(db_of(r, C_MARK)) >= DB_IDLE &&
                         (!r->take_back_wanted || (db_async_phase(db_of(r, C_SIDE)) >= DB_IDLE &&
                                                   db_async_phase(db_of(r, C_LOCK)) >= DB_IDLE));

@@ -10,13 +10,15 @@
 -- no other transaction holds a lock its mark would wait for. A row missing
 -- from the answer is no longer this relay's.
 --
--- Plan: unnest, then a primary key probe per row, twice.
-SELECT o.outbox_id, f.outbox_id IS NOT NULL AS free
+-- Plan: unnest, then per row a primary key probe and, for the lock, a
+-- second one (LATERAL: the locking subquery cannot be pulled up, and
+-- without the row's id in it each row would lock all of them).
+SELECT o.outbox_id, f.free IS NOT NULL AS free
 FROM unnest($2::uuid[]) AS m(id)
 JOIN :table o ON o.outbox_id = m.id
-LEFT JOIN (SELECT x.outbox_id
-           FROM :table x
-           WHERE x.outbox_id = ANY ($2::uuid[])
-             AND x.status = 'PUBLISHING' AND x.locked_by = $1
-           FOR NO KEY UPDATE OF x SKIP LOCKED) AS f ON f.outbox_id = o.outbox_id
+LEFT JOIN LATERAL (SELECT TRUE AS free
+                   FROM :table x
+                   WHERE x.outbox_id = o.outbox_id
+                     AND x.status = 'PUBLISHING' AND x.locked_by = $1
+                   FOR NO KEY UPDATE OF x SKIP LOCKED) AS f ON TRUE
 WHERE o.status = 'PUBLISHING' AND o.locked_by = $1

@@ -30,6 +30,7 @@ Relays run with OUTBOX_DB_LOCK_TIMEOUT_MS = DB_LOCK_TIMEOUT_MS and
 OUTBOX_STATEMENT_TIMEOUT_MS = STATEMENT_TIMEOUT_MS."""
 import json
 import re
+import signal
 import threading
 import time
 
@@ -318,8 +319,10 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
             wait_until(lambda: db.count("status = 'PUBLISHED'") > before, 10, interval=0.05,
                        what="publishing resumed after the lock ended")
             resumed_s = time.monotonic() - released_at
+            wait_until(lambda: readyz(port).status == 200, 10, interval=0.1,
+                       what="/readyz 200 again")
+            ready_s = time.monotonic() - released_at
             wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 90, what="all PUBLISHED")
-            wait_until(lambda: readyz(port).status == 200, 10, what="/readyz 200 again")
             assert relay.stop() == 0
     finally:
         holder.close()
@@ -338,6 +341,9 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
     named = names_blocker(relay.log_text(), holder_pid, DBA)
     assert named, "no warn line names the lock holder (pid %d, %s)" % (holder_pid, DBA)
     assert resumed_s < MAX_RESUME_S, resumed_s
+    # readiness clears as the work resumes: each statement that gave up on the
+    # lock runs again within LOCK_RETRY_S
+    assert ready_s < MAX_RESUME_S, "/readyz 200 only %.1f s after the COMMIT" % ready_s
     # waiting is no work: statements in the lock queue, pauses between them
     assert cpu_share < MAX_WAIT_CPU, "relay used %.0f%% CPU while the lock was held" \
         % (cpu_share * 100)
@@ -353,10 +359,11 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
         % (idle, bound, [round(t, 1) for t in lock_seen])
     finish(db, kafka, [relay], "ACCESS EXCLUSIVE held %d s: longest relay lock wait %.2f s; "
            "/readyz 503 from %.1f s (%s: %s); blocker named: %s; lock connection out of the "
-           "lock queue %.2f s at most; relay CPU %.1f%% while held; resumed %.2f s after COMMIT"
+           "lock queue %.2f s at most; relay CPU %.1f%% while held; resumed %.2f s and ready "
+           "%.2f s after COMMIT"
            % (HOLD_S, longest, first, reasons,
               not_ready[-1][1].condition(reasons[0]).get("reason"), named[0][:300], idle,
-              cpu_share * 100, resumed_s),
+              cpu_share * 100, resumed_s, ready_s),
            report)
 
 
@@ -398,6 +405,13 @@ def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
         holder.close()
 
 
+def held_run(db):
+    """First versions in flight whose second version is in flight too."""
+    return db.rows(where="status = 'PUBLISHING' AND aggregate_version = 1 AND EXISTS (SELECT "
+                   "FROM %s n WHERE n.aggregate_id = %s.aggregate_id AND n.aggregate_version = 2 "
+                   "AND n.status = 'PUBLISHING')" % (db.table, db.table))
+
+
 # How long the DBA's transaction holds its row in the row-lock test.
 ROW_HOLD_S = 14
 # Rows of mark_probe asked about again this often (relay.c PROBE_REPEAT_S).
@@ -407,10 +421,11 @@ PROBE_REPEAT_S = 1.0
 def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp_path, report):
     """A DBA's UPDATE of one in-flight row, left open: every mark that
     includes the row waits for it. The relay marks the other rows without it
-    (new events keep reaching Kafka and PUBLISHED), asks about the held row
-    until the transaction ends, and marks it then; the wait shows (a warn line
-    naming the row, another naming the holder, /readyz 503 while the row's
-    outcome waits past the stall bound)."""
+    (new events keep reaching Kafka and PUBLISHED), but not the later versions
+    of its aggregate, asks about the held row until the transaction ends, and
+    marks it then; the wait shows (a warn line naming the row, another naming
+    the holder, /readyz 503 while the row's outcome waits past the stall
+    bound, an info line once no row is held)."""
     kafka.create_topic("%s.Order" % db.schema, 4)
     db.insert_events(make_events(aggregates=40, versions=3, id_prefix="a"))
     port = free_port()
@@ -424,9 +439,8 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         with kafka.paused():
             relay = Relay("outbox-relay", name="r-row", log_dir=tmp_path,
                           env=env_for(db, kafka, "r-row", port))
-            held = wait_until(lambda: db.rows(where="status = 'PUBLISHING' AND "
-                                                    "aggregate_version = 1"), 30,
-                              what="the relay holding first versions")[0]
+            held = wait_until(lambda: held_run(db), 30,
+                              what="the relay holding a run of versions")[0]
             with holder.cursor() as cur:
                 cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
                             % db.table, (held["outbox_id"],))
@@ -442,6 +456,9 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
                                                       "LIKE 'w%%'")))
             time.sleep(0.2)
         state = db.rows(where="outbox_id = '%s'" % held["outbox_id"])[0]
+        # the later versions of its run: on Kafka maybe, never PUBLISHED before it
+        behind = db.rows(where="aggregate_id = '%s' AND aggregate_version > 1"
+                         % held["aggregate_id"])
         holder.commit()
         released_at = time.monotonic()
         wait_until(lambda: db.count("status = 'PUBLISHED' AND outbox_id = %s",
@@ -461,6 +478,8 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         holder.close()
     # the held row waited, PUBLISHING, as long as the transaction held it
     assert state["status"] == "PUBLISHING", state["status"]
+    assert behind and not [r for r in behind if r["status"] == "PUBLISHED"], \
+        [(r["aggregate_version"], r["status"]) for r in behind]
     # the others went on: rows written while the row was held were marked
     # PUBLISHED before its end, steadily (none waits more than MAX_PAUSE_S
     # past the first mark that gave up)
@@ -477,6 +496,9 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
             if r.get("msg", "").startswith("events held by another transaction")
             and r.get("outbox_id") == held["outbox_id"] and r.get("level") == "warn"]
     assert said, "no warn line names the held row"
+    assert [r for r in log_records(text)
+            if r.get("msg") == "no event held by another transaction any more"], \
+        "no line says the hold ended"
     named = names_blocker(text, holder_pid, DBA)
     assert named, "no warn line names the holder (pid %d, %s)" % (holder_pid, DBA)
     not_ready = [(t, r) for t, r in answers if r.status == 503]
@@ -488,6 +510,69 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
            "COMMIT; /readyz 503 from %.1f s (%s); %s" % (
                ROW_HOLD_S, written, late[-1], marked_s, not_ready[0][0], reason, said[0]["_line"]),
            report)
+
+
+# How long a stopping relay waits for rows only another transaction's end
+# lets it mark (relay.c STOP_GRACE_S).
+STOP_GRACE_S = 30
+
+
+def test_a_stop_with_only_held_rows_left_waits_the_grace(db, kafka, tmp_path, report):
+    """SIGTERM while a DBA's open UPDATE holds an in-flight row: the relay
+    waits for it the stop grace, then exits 1 leaving it (and the later
+    versions of its run, acknowledged but unmarked) PUBLISHING. The next
+    relay takes them back and publishes them in order; the held version is
+    not taken for a late one."""
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    db.insert_events(make_events(aggregates=20, versions=3, id_prefix="a"))
+    port = free_port()
+    holder = dba(db)
+    holder.autocommit = False
+    relay = None
+    try:
+        with kafka.paused():
+            relay = Relay("outbox-relay", name="r-held", log_dir=tmp_path,
+                          env=env_for(db, kafka, "r-held", port))
+            held = wait_until(lambda: held_run(db), 30,
+                              what="the relay holding a run of versions")[0]
+            with holder.cursor() as cur:
+                cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
+                            % db.table, (held["outbox_id"],))
+        others = "aggregate_id <> '%s'" % held["aggregate_id"]
+        wait_until(lambda: db.count("status = 'PUBLISHING' AND " + others) == 0 and
+                   db.count("status = 'PUBLISHED'") > 0, 30, what="every other row marked")
+        t0 = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        rc = relay.wait(STOP_GRACE_S + 30)
+        took = time.monotonic() - t0
+        left = db.rows(where="status = 'PUBLISHING'")
+        holder.commit()
+    finally:
+        if relay and relay.running():
+            relay.kill()
+        holder.close()
+    assert rc == 1, relay.log_text()[-2000:]
+    assert STOP_GRACE_S - 1 <= took <= STOP_GRACE_S + 5, took
+    assert held["outbox_id"] in {r["outbox_id"] for r in left}
+    assert {r["aggregate_id"] for r in left} == {held["aggregate_id"]}, left
+    line = [r for r in log_records(relay.log_text())
+            if r.get("msg") == "stopping with rows left PUBLISHING for the sweeper"]
+    assert line and int(line[0]["rows"]) == len(left), line
+    with Relay("outbox-relay", name="r-held", log_dir=tmp_path,
+               env=env_for(db, kafka, "r-held", port)) as again:
+        wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+        assert again.stop() == 0
+    assert not db.rows(where="last_error_code = 'LATE_VERSION'")
+    # what was left on Kafka unmarked goes again (at least once), in order
+    table = db.rows()
+    audit = check_audit(db)
+    assert not audit.violations, audit.violations[:10]
+    kc, problems = check_kafka(kafka, ["%s.Order" % db.schema], table,
+                               dup_allowed={r["outbox_id"] for r in left})
+    assert not problems, problems
+    report("SIGTERM with a held row: exit %d after %.1f s, %d rows of its aggregate left "
+           "PUBLISHING, taken back and published in order by the next relay (%d messages "
+           "for %d rows)" % (rc, took, len(left), len(kc.msgs), len(table)))
 
 
 def test_vacuum_and_vacuum_analyze_never_pause_publishing(db, kafka, tmp_path, report):

@@ -95,6 +95,34 @@ def test_statement_prepares_and_explains(pg, path):
         assert "Seq Scan on outbox_event" not in text, text
 
 
+def buffers(node):
+    """Shared buffers a plan (JSON) touched, its own and its children's."""
+    return node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+
+
+def test_mark_probe_reads_each_row_a_bounded_number_of_times(pg):
+    """mark_probe asks about a whole mark's rows (up to 4 batches): each row is
+    read by a primary key probe, a few buffers, however many rows it is
+    given; a lock subquery left uncorrelated would read every row for each."""
+    with TestSchema(pg, "stmt_probe") as db:
+        db.insert_events(make_events(aggregates=500, versions=4))
+        db.execute("UPDATE %s SET status = 'PUBLISHING', locked_by = 'r1', locked_at = now()"
+                   % db.table)
+        ids = [r["outbox_id"] for r in db.rows()]
+        db.execute(SESSION)
+        db.execute("PREPARE s AS " + text_for(db, os.path.join(repo_root(), "relay", "sql",
+                                                                "mark_probe.sql")))
+        per_row = []
+        for n in (200, 2000):
+            rows = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE s('r1', %s)"
+                              % ("'{%s}'::uuid[]" % ",".join(ids[:n])))
+            plan = rows[0]["QUERY PLAN"]
+            plan = (plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"]
+            assert plan["Actual Rows"] == n, plan
+            per_row.append(buffers(plan) / n)
+        assert max(per_row) < 20, per_row
+
+
 def plan_of(db, name, analyze):
     """The lock statement's plan (JSON), run in a transaction rolled back after,
     so every run sees the same table."""
