@@ -1669,8 +1669,13 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                  * and never makes the relay not ready */
                 if (task == SIDE_INDEXES && *db_result_sqlstate(res))
                         r->indexes_done = r->indexes_sent;
+                /* a chain that gave up on a lock starts again as soon as
+                 * the statement's backoff allows (LOCK_WAIT_RETRY_CAP_MS):
+                 * the readiness it holds clears soon after the lock ends */
                 if (in_sample_chain(task))
-                        r->next_sample = now + SAMPLE_INTERVAL_S;
+                        r->next_sample = strcmp(db_result_sqlstate(res), "55P03")
+                                                 ? now + SAMPLE_INTERVAL_S
+                                                 : r->stmts[stmt].retry_at;
                 db_result_free(res);
                 return;
         }
