@@ -357,6 +357,19 @@ static void fetch_lost(struct relay *r, struct batch *b) {
                  batch_suspect_asked(b));
 }
 
+/* The answer to the statement on the mark connection will not be read (the
+ * connection was lost, or the answer cannot be held): whether it marked its
+ * rows is unknown. They are marked again, and one it did mark is then not
+ * counted as a lost lock (a probe marks nothing). */
+static void marking_unknown(struct relay *r) {
+        for (size_t i = 0; i < r->nmarking; i++) {
+                r->marking[i]->stage = ROW_SETTLED;
+                if (r->marking_stmt != RELAY_SQL_MARK_PROBE)
+                        r->marking[i]->mark_uncertain = 1;
+        }
+        r->nmarking = 0;
+}
+
 /* Connection c went down (failed to connect, or was lost): back off. */
 static void conn_down(struct relay *r, int c, const char *why, double now) {
         struct conn *cn = &r->conns[c];
@@ -392,16 +405,7 @@ forget:
                 r->lock_ramp = LOCK_FIRST_ROWS;
         }
         if (c == C_MARK)
-                for (size_t i = 0; i < r->nmarking; i++) {
-                        /* the mark's outcome is unknown: it is sent again, and
-                         * a row it did mark is not counted as a lost lock (a
-                         * probe marks nothing) */
-                        r->marking[i]->stage = ROW_SETTLED;
-                        if (r->marking_stmt != RELAY_SQL_MARK_PROBE)
-                                r->marking[i]->mark_uncertain = 1;
-                }
-        if (c == C_MARK)
-                r->nmarking = 0;
+                marking_unknown(r);
         if (c == C_SIDE)
                 r->side_task = SIDE_IDLE;
 }
@@ -1066,10 +1070,22 @@ static int left_out(const struct row *w) {
         return w->held_by_other || (w->behind_held && w->mark == DECIDE_PUBLISHED);
 }
 
+/* Sends stmt on the mark connection for the rows in r->marking: the relay
+ * id and their outbox_ids (mp[1]). -1 when the connection is lost. */
+static int send_ids(struct relay *r, int stmt, double now) {
+        char err[512];
+        const char *params[2] = {r->cfg->relay_id, r->mp[1].data};
+        r->marking_stmt = stmt; /* what conn_down() makes of the rows */
+        if (db_async_send(db_of(r, C_MARK), stmt, 2, params, 1, now, err, sizeof err) != 0) {
+                conn_down(r, C_MARK, err, now);
+                return -1;
+        }
+        return 0;
+}
+
 /* Asks which of the rows whose mark gave up on a lock, and are due to be
  * asked about, another transaction still holds (mark_probe.sql). */
 static void send_probe(struct relay *r, double now) {
-        char err[512];
         buf_reset(&r->mp[1]);
         if (buf_append(&r->mp[1], "{", 1))
                 return;
@@ -1081,16 +1097,8 @@ static void send_probe(struct relay *r, double now) {
                             marking_add(r, w) != 0)
                                 return;
                 }
-        if (buf_append(&r->mp[1], "}", 1))
+        if (buf_append(&r->mp[1], "}", 1) || send_ids(r, RELAY_SQL_MARK_PROBE, now) != 0)
                 return;
-        const char *params[2] = {r->cfg->relay_id, r->mp[1].data};
-        if (db_async_send(db_of(r, C_MARK), RELAY_SQL_MARK_PROBE, 2, params, 1, now, err,
-                          sizeof err) != 0) {
-                r->nmarking = 0;
-                conn_down(r, C_MARK, err, now);
-                return;
-        }
-        r->marking_stmt = RELAY_SQL_MARK_PROBE;
         for (size_t i = 0; i < r->nmarking; i++)
                 r->marking[i]->stage = ROW_MARKING;
 }
@@ -1212,22 +1220,16 @@ static int by_uuid(const void *a, const void *b) {
 /* Sends mark_published_by_id for the rows of the mark just answered that
  * it did not find by ctid (an update moved them since their lock). */
 static void mark_moved(struct relay *r, double now) {
-        char err[512];
+        int bad = 0;
         buf_reset(&r->mp[1]);
-        if (buf_append(&r->mp[1], "{", 1))
-                return;
-        for (size_t i = 0; i < r->nmarking; i++)
-                if (array_add(&r->mp[1], r->marking[i]->id))
-                        return;
-        if (buf_append(&r->mp[1], "}", 1))
-                return;
-        const char *params[2] = {r->cfg->relay_id, r->mp[1].data};
-        if (db_async_send(db_of(r, C_MARK), RELAY_SQL_MARK_PUBLISHED_BY_ID, 2, params, 1, now, err,
-                          sizeof err) != 0) {
-                conn_down(r, C_MARK, err, now);
+        bad = buf_append(&r->mp[1], "{", 1);
+        for (size_t i = 0; !bad && i < r->nmarking; i++)
+                bad = array_add(&r->mp[1], r->marking[i]->id);
+        if (!bad && !buf_append(&r->mp[1], "}", 1)) {
+                (void)send_ids(r, RELAY_SQL_MARK_PUBLISHED_BY_ID, now);
                 return;
         }
-        r->marking_stmt = RELAY_SQL_MARK_PUBLISHED_BY_ID;
+        marking_unknown(r); /* out of memory */
 }
 
 /* A row is marked (or its lock was lost): it leaves the relay. */
@@ -1360,14 +1362,8 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
         int n = db_result_rows(res);
         unsigned char(*ids)[16] = calloc(n ? (size_t)n : 1, sizeof *ids);
         if (!ids) {
-                /* which rows it marked is unknown: they are marked again, and
-                 * one no longer held is not counted as a lost lock */
                 db_result_free(res);
-                for (size_t i = 0; i < r->nmarking; i++) {
-                        r->marking[i]->stage = ROW_SETTLED;
-                        r->marking[i]->mark_uncertain = 1;
-                }
-                r->nmarking = 0;
+                marking_unknown(r);
                 return;
         }
         for (int k = 0; k < n; k++)

@@ -412,6 +412,25 @@ def held_run(db):
                    "AND n.status = 'PUBLISHING')" % (db.table, db.table))
 
 
+def relay_with_a_held_row(db, kafka, tmp_path, rid, port, holder):
+    """Starts a relay with the broker paused, waits until it holds a run of
+    versions, and has `holder` (a DBA's transaction) UPDATE the run's first
+    row and leave the transaction open. Returns (relay, the held row)."""
+    with kafka.paused():
+        relay = Relay("outbox-relay", name=rid, log_dir=tmp_path,
+                      env=env_for(db, kafka, rid, port))
+        try:
+            held = wait_until(lambda: held_run(db), 30,
+                              what="the relay holding a run of versions")[0]
+            with holder.cursor() as cur:
+                cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
+                            % db.table, (held["outbox_id"],))
+        except BaseException:
+            relay.kill()
+            raise
+    return relay, held
+
+
 # How long the DBA's transaction holds its row in the row-lock test.
 ROW_HOLD_S = 14
 # Rows of mark_probe asked about again this often (relay.c PROBE_REPEAT_S).
@@ -436,14 +455,7 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         holder_pid = cur.fetchone()[0]
     writer = relay = None
     try:
-        with kafka.paused():
-            relay = Relay("outbox-relay", name="r-row", log_dir=tmp_path,
-                          env=env_for(db, kafka, "r-row", port))
-            held = wait_until(lambda: held_run(db), 30,
-                              what="the relay holding a run of versions")[0]
-            with holder.cursor() as cur:
-                cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
-                            % db.table, (held["outbox_id"],))
+        relay, held = relay_with_a_held_row(db, kafka, tmp_path, "r-row", port, holder)
         held_at = time.monotonic()
         writer = Writer(db, per_step=10, every_s=0.1)
         writer.start()
@@ -530,14 +542,7 @@ def test_a_stop_with_only_held_rows_left_waits_the_grace(db, kafka, tmp_path, re
     holder.autocommit = False
     relay = None
     try:
-        with kafka.paused():
-            relay = Relay("outbox-relay", name="r-held", log_dir=tmp_path,
-                          env=env_for(db, kafka, "r-held", port))
-            held = wait_until(lambda: held_run(db), 30,
-                              what="the relay holding a run of versions")[0]
-            with holder.cursor() as cur:
-                cur.execute("UPDATE %s SET last_error_message = 'dba' WHERE outbox_id = %%s"
-                            % db.table, (held["outbox_id"],))
+        relay, held = relay_with_a_held_row(db, kafka, tmp_path, "r-held", port, holder)
         others = "aggregate_id <> '%s'" % held["aggregate_id"]
         wait_until(lambda: db.count("status = 'PUBLISHING' AND " + others) == 0 and
                    db.count("status = 'PUBLISHED'") > 0, 30, what="every other row marked")
