@@ -198,6 +198,25 @@ int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size
         return 0;
 }
 
+void db_migrate_holders(struct db *db, char *out, size_t out_size) {
+        char err[256];
+        /* the sessions with a lock granted on the table, longest
+         * transaction first; of their statement its first words only */
+        static const char sql[] =
+                "SELECT coalesce(string_agg(h, '; '), '') FROM ("
+                " SELECT format('pid=%s application=%s state=%s xact_age_s=%s command=%s',"
+                "  a.pid, a.application_name, a.state,"
+                "  coalesce(extract(epoch FROM now() - a.xact_start)::bigint, 0),"
+                "  coalesce(substring(a.query FROM '^\\s*([A-Za-z]+(\\s+[A-Za-z]+)?)'), '')) AS h"
+                " FROM pg_stat_activity a"
+                " WHERE a.pid <> pg_backend_pid() AND a.pid IN (SELECT l.pid FROM pg_locks l"
+                "  WHERE l.locktype = 'relation' AND l.granted"
+                "   AND l.relation = to_regclass('outbox_event'))"
+                " ORDER BY a.xact_start NULLS LAST LIMIT 3) s";
+        if (query_value(db, sql, 0, NULL, NULL, out, out_size, err, sizeof err) != 0)
+                snprintf(out, out_size, "unknown (%s)", err);
+}
+
 /* Rolls back the transaction the connection is in, if any, so that the
  * session can go on (this connection is not the async one: no phase). */
 static void rollback(struct db *db) {

@@ -56,7 +56,7 @@ int ctl_migrate(struct ctl *c) {
         const char *name = dot ? dot + 1 : c->cfg->table;
         const char *todo[MIGRATIONS_COUNT];
         size_t ntodo = 0;
-        char schema[128] = "", err[512];
+        char schema[128] = "", err[512], holders[1024];
         int level, recorded, exists;
         int known = migrations[MIGRATIONS_COUNT - 1].version;
 
@@ -99,12 +99,20 @@ int ctl_migrate(struct ctl *c) {
                         continue;
                 int rc = db_migrate_apply(c->db, m, err, sizeof err);
                 for (int try = 2; rc == DB_ERR_LOCK_TIMEOUT && try <= MIGRATE_TRIES; try++) {
+                        db_migrate_holders(c->db, holders, sizeof holders);
                         log_warn("migrate", "lock wait timed out, retrying",
-                                 "schema=%s migration=%s try=%d of=%d err=%s", schema, m->name, try,
-                                 MIGRATE_TRIES, err);
+                                 "schema=%s migration=%s try=%d of=%d err=%s held_by=%s", schema,
+                                 m->name, try, MIGRATE_TRIES, err, holders);
                         struct timespec pause = {MIGRATE_TRY_PAUSE_S, 0};
                         nanosleep(&pause, NULL);
                         rc = db_migrate_apply(c->db, m, err, sizeof err);
+                }
+                if (rc == DB_ERR_LOCK_TIMEOUT) {
+                        db_migrate_holders(c->db, holders, sizeof holders);
+                        log_error("migrate", "migrate failed: the table stayed locked",
+                                  "schema=%s migration=%s tries=%d err=%s held_by=%s", schema,
+                                  m->name, MIGRATE_TRIES, err, holders);
+                        return 1;
                 }
                 if (rc != 0)
                         goto fail;

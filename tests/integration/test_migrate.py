@@ -174,8 +174,9 @@ def test_a_migration_that_times_out_on_the_table_lock_is_tried_again(pg, schema)
     """007 builds its indexes under a 5 s lock_timeout, so that the
     application's inserts never queue behind it for long; a relay's
     statement may hold the table longer (up to its statement timeout).
-    migrate tries such a migration again, and it applies once the table is
-    free, instead of failing the hook Job."""
+    migrate tries such a migration again, naming the sessions that hold the
+    table, and it applies once the table is free, instead of failing the
+    hook Job."""
     from harness import wait_until
     table = "%s.outbox_event" % schema
     migrate(pg, table)
@@ -186,6 +187,9 @@ def test_a_migration_that_times_out_on_the_table_lock_is_tried_again(pg, schema)
         cur.execute("DROP INDEX %s.outbox_event_agg_published_idx" % schema)
         cur.execute("DELETE FROM %s.outbox_schema_migrations WHERE version = 7" % schema)
     with holder.cursor() as cur:  # as a relay's UPDATE holds it
+        cur.execute("SET application_name = 'dba-holding'")
+        cur.execute("SELECT pg_backend_pid()")
+        holder_pid = cur.fetchone()[0]
         cur.execute("LOCK TABLE %s IN ROW EXCLUSIVE MODE" % table)
 
     def waiting():
@@ -214,6 +218,9 @@ def test_a_migration_that_times_out_on_the_table_lock_is_tried_again(pg, schema)
     assert "applied 007_guard_split" in r.stdout, r.stdout
     retries = [ln for ln in r.stderr.splitlines() if "lock wait timed out, retrying" in ln]
     assert retries and "migration=007_guard_split try=2 of=" in retries[0], r.stderr
+    # the line names who holds the table: the session to look at, or wait for
+    assert "pid=%d application=dba-holding state=idle in transaction" % holder_pid \
+        in retries[0], retries[0]
     assert valid == [(True,)], valid
     assert [v for v, _ in recorded(pg, schema)][-1] == 7
 
