@@ -90,6 +90,12 @@
 #define BLOCKED_REPORT_S 1.0
 #define BLOCKED_REPEAT_S 30.0
 
+/* The longest pause of the lock while every outcome is a failure that
+ * says nothing about the rows: how late a relay notices the cause (a schema
+ * registry) is back, against the database work each batch that fails
+ * anyway costs (a lock and a mark per row). */
+#define UNCOUNTED_PAUSE_MAX_S 10.0
+
 /* How often rows another transaction holds are asked about again
  * (mark_probe.sql): each ask reads them, never waits. */
 #define PROBE_REPEAT_S 1.0
@@ -169,6 +175,11 @@ struct relay {
         int lock_wanted;        /* something may have become due: lock soon */
         double next_lock;       /* lock at the latest then (the poll interval) */
         double lock_not_before; /* after a short batch, not before this */
+        /* failures that say nothing about the rows (REGISTRY_UNAVAILABLE,
+         * OUT_OF_MEMORY) with no event published since: since when, and the
+         * lock paused until when (uncounted_failed()) */
+        double uncounted_since, lock_paused_until;
+        int pause_said;         /* a warn line said locking is paused */
         int lock_limit;         /* the lock statement in flight asked for this many */
         int lock_ramp;          /* the next lock takes at most this many rows */
         int holding_full;       /* the last lock was skipped: holding as many as it may */
@@ -475,6 +486,12 @@ static void on_delivery(void *opaque, const struct kafka_result *res, void *ctx)
                         metrics_observe(M_PUBLISH_LATENCY, latency);
                 kafka_set_broker_up(r->kafka, 1);
                 batch_settle(b, i, DECIDE_PUBLISHED, NULL, NULL);
+                if (r->uncounted_since > 0 && r->pause_said)
+                        log_info("relay", "events published again: locking at the usual pace",
+                                 "paused_s=%.1f", clock_mono_s() - r->uncounted_since);
+                r->uncounted_since = 0;
+                r->lock_paused_until = 0;
+                r->pause_said = 0;
                 return;
         }
         w->permanent = res->permanent;
@@ -554,6 +571,28 @@ static double produce_deadline_s(const struct relay *r) {
         return d > 5.0 ? d : 5.0;
 }
 
+/* A row failed for a cause outside it that no attempt counts against (the
+ * schema registry unavailable, memory short). While every outcome is such a
+ * failure, each batch would fail alike, at the pace of the lock: the lock
+ * pauses, for as long as the failures have gone on, at most
+ * UNCOUNTED_PAUSE_MAX_S, until an event is published again. */
+static void uncounted_failed(struct relay *r, const char *code, double now) {
+        if (r->uncounted_since == 0)
+                r->uncounted_since = now;
+        double pause = now - r->uncounted_since;
+        if (pause > UNCOUNTED_PAUSE_MAX_S)
+                pause = UNCOUNTED_PAUSE_MAX_S;
+        if (now + pause > r->lock_paused_until)
+                r->lock_paused_until = now + pause;
+        if (pause >= 1.0 && !r->pause_said) {
+                r->pause_said = 1;
+                log_warn("relay",
+                         "every event fails for a cause outside the rows: locking less often",
+                         "err=%s failing_s=%.1f pause_max_s=%.0f", code, now - r->uncounted_since,
+                         UNCOUNTED_PAUSE_MAX_S);
+        }
+}
+
 /* Produces row i of b; settles it when it cannot go. 1 when the producer's
  * queue is full (try again after some reports), else 0. */
 static int produce_row(struct relay *r, struct batch *b, size_t i, double now) {
@@ -565,12 +604,15 @@ static int produce_row(struct relay *r, struct batch *b, size_t i, double now) {
          * the log name it */
         if (m.topic && !w->topic && !(w->topic = strdup(m.topic))) {
                 w->uncounted = 1; /* as message_build's OUT_OF_MEMORY */
+                uncounted_failed(r, "OUT_OF_MEMORY", now);
                 batch_settle(b, i, DECIDE_FAILED, "OUT_OF_MEMORY", "out of memory");
                 return 0;
         }
         if (built != 0) {
                 w->permanent = why.permanent;
                 w->uncounted = why.uncounted;
+                if (why.uncounted)
+                        uncounted_failed(r, why.code, now);
                 batch_settle(b, i,
                              decide_failure(why.permanent, why.uncounted, w->ev.attempt_count,
                                             r->cfg->max_attempts),
@@ -813,7 +855,8 @@ static void lock_or_fetch(struct relay *r, double now) {
         }
         if (!locking(r) || !stmt_may_run(r, r->lock_stmt, now))
                 return;
-        if (!(r->lock_wanted || now >= r->next_lock) || now < r->lock_not_before)
+        if (!(r->lock_wanted || now >= r->next_lock) || now < r->lock_not_before ||
+            now < r->lock_paused_until)
                 return;
         int limit = lock_limit(r);
         health_holding_full(r->health, limit == 0);
@@ -1867,8 +1910,10 @@ static double next_deadline(const struct relay *r, double now) {
          * past that nothing can act on would turn the wait into a spin. */
         if (db_async_phase(r->conns[C_LOCK].db) == DB_IDLE && locking(r) && lock_limit(r) > 0) {
                 double at = r->lock_wanted ? now : r->next_lock;
-                if (r->lock_wanted && r->lock_not_before > at)
+                if (r->lock_not_before > at)
                         at = r->lock_not_before;
+                if (r->lock_paused_until > at)
+                        at = r->lock_paused_until;
                 if (r->stmts[r->lock_stmt].retry_at > at)
                         at = r->stmts[r->lock_stmt].retry_at;
                 if (at < t)

@@ -9,6 +9,7 @@ import json
 import re
 import os
 import struct
+import time
 
 import avro.io
 import avro.schema
@@ -192,6 +193,53 @@ def test_confluent_wire_format_with_registry(db, kafka, tmp_path):
         posts = reg.posts()
         subjects = sorted(p.split("/")[2] for p, _ in posts)
         assert subjects == sorted("%s-value" % t for t in topics), posts
+
+
+# relay.c UNCOUNTED_PAUSE_MAX_S: the longest pause of the lock while every
+# event fails for a cause outside the rows.
+UNCOUNTED_PAUSE_MAX_S = 10
+
+
+def test_a_registry_outage_costs_the_database_little(db, kafka, tmp_path):
+    """A registry outage with a backlog: every batch fails alike (the rows
+    are fine), so the relay locks less often, up to one batch each
+    UNCOUNTED_PAUSE_MAX_S, instead of cycling the backlog through lock and
+    mark at full speed (21,000 row updates a second with 20,000 rows), and
+    says so once; it publishes within that pause of the registry's return."""
+    rows = [{"aggregate_type": "Order", "aggregate_id": "o%d" % i, "aggregate_version": 1,
+             "event_type": "E", "payload_json": {"i": i}} for i in range(3000)]
+    with FakeRegistry() as reg:
+        reg.fail_with = 503
+        db.insert_events(rows)
+        env = relay_env(db, kafka, OUTBOX_SERIALIZATION="avro",
+                        OUTBOX_SCHEMA_REGISTRY_URL=reg.url)
+        with Relay("outbox-relay", env=env, log_dir=tmp_path) as relay:
+            def said(msg):
+                return [ln for ln in relay.log_text().splitlines() if 'msg="%s"' % msg in ln]
+            wait_until(lambda: said("every event fails for a cause outside the rows: "
+                                    "locking less often"), 30, what="the pause said")
+
+            def updates():
+                return db.execute("SELECT n_tup_upd AS n FROM "
+                                  "pg_stat_user_tables WHERE relid = %s::regclass",
+                                  (db.table,))[0]["n"]
+            db.execute("SELECT pg_stat_clear_snapshot()")
+            u0, t0 = updates(), time.monotonic()
+            time.sleep(15)  # the span measured: nothing to wait for
+            db.execute("SELECT pg_stat_clear_snapshot()")
+            per_s = (updates() - u0) / (time.monotonic() - t0)
+            assert db.count("status = 'DEAD'") == 0
+            reg.fail_with = None
+            back = time.monotonic()
+            wait_until(lambda: db.count("status = 'PUBLISHED'") == len(rows),
+                       UNCOUNTED_PAUSE_MAX_S + 30, what="all published after the outage")
+            took = time.monotonic() - back
+            assert said("events published again: locking at the usual pace")
+            assert relay.stop() == 0
+    # one batch (500 rows, a lock and a mark each) per pause at most, with
+    # room for a loaded machine; cycling the backlog is thousands a second
+    assert per_s < 300, "%.0f row updates a second during the outage" % per_s
+    assert took < UNCOUNTED_PAUSE_MAX_S + 20, took
 
 
 def test_registry_down_rows_fail_retriably_then_publish(db, kafka, tmp_path):
