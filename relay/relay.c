@@ -29,6 +29,9 @@
 /* Batches in flight at most: the rows a relay holds stay below this many
  * batches' worth (and OUTBOX_BATCH_BYTES). */
 #define MAX_BATCHES 4
+/* Rows another transaction holds, in batches, that do not count against
+ * MAX_BATCHES (lock_limit()): each keeps its row struct, not its content. */
+#define HELD_ROWS_MAX 16
 /* Lock statements in flight at most (each a batch, however few its rows):
  * a batch is done once all its rows are, so when a stopped broker holds one
  * row of each small batch, the others' partitions keep going until the
@@ -210,6 +213,9 @@ struct relay {
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
         long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
         double held_logged_at;        /* when that was last logged at warn */
+        long long held_logged;        /* how many rows it said were held */
+        size_t lost_n;                /* rows of the answer in hand whose lock was lost */
+        char lost_first[37];          /* the first of them */
         int held_said; /* a warn line said rows are held, none said since that none are */
 
         /* the side connection */
@@ -727,7 +733,13 @@ static int exclusions(struct relay *r, double now, struct buf *out, struct buf *
  * rows it locked and has not fetched yet at the larger of the size their
  * lock gave and the recent rows' size. */
 static int lock_limit(const struct relay *r) {
-        long long rows = (long long)r->cfg->batch_size * MAX_BATCHES - r->rows_open;
+        /* rows another transaction holds (and the versions behind them)
+         * wait for it, not for the relay: they do not count, up to
+         * HELD_ROWS_MAX batches of them, which bounds the memory they keep */
+        long long held = r->rows_held_by_other;
+        if (held > (long long)r->cfg->batch_size * HELD_ROWS_MAX)
+                held = (long long)r->cfg->batch_size * HELD_ROWS_MAX;
+        long long rows = (long long)r->cfg->batch_size * MAX_BATCHES - (r->rows_open - held);
         long long bytes = r->cfg->batch_bytes - r->bytes_held;
         for (const struct batch *b = r->batches; b && bytes > 0; b = b->next)
                 for (size_t i = 0; b->unfetched && i < b->n; i++)
@@ -1284,7 +1296,8 @@ static void row_done(struct relay *r, struct row *w, int lost) {
                 metrics_add(M_EVENTS_FAILED, w->code, 1);
         if (lost && !w->mark_uncertain) {
                 metrics_add(M_LOCK_LOST, NULL, 1);
-                log_warn("relay", "lock lost before marking", "outbox_id=%s", w->id);
+                if (r->lost_n++ == 0)
+                        snprintf(r->lost_first, sizeof r->lost_first, "%s", w->id);
         } else if (!lost) {
                 count_outcome(w);
         }
@@ -1293,12 +1306,22 @@ static void row_done(struct relay *r, struct row *w, int lost) {
         r->rows_open--;
 }
 
-static int any_held(const struct relay *r) {
+/* One line for the rows of one answer whose lock was lost (taken back, or
+ * changed by another session): however many a DBA's statement touched. */
+static void log_lost(struct relay *r) {
+        if (r->lost_n)
+                log_warn("relay", "locks lost before marking", "rows=%zu outbox_id=%s", r->lost_n,
+                         r->lost_first);
+        r->lost_n = 0;
+}
+
+/* The rows another transaction holds, as the last probes found. */
+static long long count_held(const struct relay *r) {
+        long long n = 0;
         for (const struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++)
-                        if (b->rows[i].held_by_other && b->rows[i].stage != ROW_MARKED)
-                                return 1;
-        return 0;
+                        n += b->rows[i].held_by_other && b->rows[i].stage != ROW_MARKED;
+        return n;
 }
 
 /* A row of mark_probe's answer (its outbox_id first: by_uuid sorts it). */
@@ -1351,17 +1374,21 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                 w->probe_at = now + PROBE_REPEAT_S;
         }
         free(got);
-        if (held && (!r->held_said || now - r->held_logged_at >= BLOCKED_REPEAT_S)) {
+        log_lost(r);
+        long long total = held ? count_held(r) : 0;
+        if (held && (!r->held_said || total >= 2 * r->held_logged ||
+                     now - r->held_logged_at >= BLOCKED_REPEAT_S)) {
                 r->held_logged_at = now;
+                r->held_logged = total;
                 r->held_said = 1;
                 log_warn("relay", "events held by another transaction: marking the others",
-                         "rows=%zu outbox_id=%s", held, first);
+                         "rows=%lld outbox_id=%s", total, first);
         } else if (held) {
-                log_debug("relay", "events held by another transaction", "rows=%zu outbox_id=%s",
-                          held, first);
+                log_debug("relay", "events held by another transaction", "rows=%lld outbox_id=%s",
+                          total, first);
         }
         /* once no row is held any more, after a line said some were */
-        if (r->held_said && !held && !any_held(r)) {
+        if (r->held_said && !held && count_held(r) == 0) {
                 r->held_said = 0;
                 log_info("relay", "no event held by another transaction any more", NULL);
         }
@@ -1426,6 +1453,7 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
                 }
         }
         free(ids);
+        log_lost(r);
         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && r->nmarking &&
             r->marking[0]->mark == DECIDE_FAILED)
                 log_warn("relay", "events failed, will retry", "failed=%zu err=%s retry_ms=%lld",
@@ -1481,6 +1509,13 @@ static long oldest_gen(const struct relay *r) {
         return gen;
 }
 
+/* How long a statement waits before its blockers are looked up: within
+ * the lock timeout, or the server cancels the wait first. */
+static double blocked_report_s(const struct relay *r) {
+        double half = r->cfg->db_lock_timeout_ms / 2000.0;
+        return half < BLOCKED_REPORT_S ? half : BLOCKED_REPORT_S;
+}
+
 /* Step: the side connection's work, one statement at a time: take back what
  * this relay id holds that no batch has; tell who blocks a statement that
  * waits; check the table's indexes (at start, and when a lock statement
@@ -1504,7 +1539,7 @@ static void side_work(struct relay *r, double now) {
         for (int c = C_LOCK; c <= C_MARK; c++) {
                 double since;
                 const char *running = db_async_running(db_of(r, c), &since);
-                if (running && now - since > BLOCKED_REPORT_S && r->blockers_for[c] != since &&
+                if (running && now - since > blocked_report_s(r) && r->blockers_for[c] != since &&
                     (!r->blockers_at[c] || now - r->blockers_at[c] >= BLOCKED_REPEAT_S)) {
                         char pid[16];
                         snprintf(pid, sizeof pid, "%d", db_backend_pid(db_of(r, c)));

@@ -431,6 +431,25 @@ def relay_with_a_held_row(db, kafka, tmp_path, rid, port, holder):
     return relay, held
 
 
+def let_go(writer, relay, holder):
+    """A held-row test's clean-up, whatever state it failed in."""
+    if writer:
+        writer.stopped.set()
+    if relay and relay.running():
+        relay.kill()
+    holder.close()
+
+
+def went_on(progress):
+    """(seconds into the hold, rows written then published) samples: the
+    count grew between the first seconds after the first mark gave up and
+    the hold's end. Returns the last count."""
+    late = [n for t, n in progress if t >= ROW_HOLD_S - 3]
+    early = [n for t, n in progress if DB_LOCK_TIMEOUT_MS / 1000 + 2 <= t < 6]
+    assert early and late and late[-1] > early[-1] > 0, progress
+    return late[-1]
+
+
 # How long the DBA's transaction holds its row in the row-lock test.
 ROW_HOLD_S = 14
 # Rows of mark_probe asked about again this often (relay.c PROBE_REPEAT_S).
@@ -483,11 +502,7 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         wait_until(lambda: readyz(port).status == 200, 10, what="/readyz 200 again")
         assert relay.stop() == 0
     finally:
-        if writer:
-            writer.stopped.set()
-        if relay and relay.running():
-            relay.kill()
-        holder.close()
+        let_go(writer, relay, holder)
     # the held row waited, PUBLISHING, as long as the transaction held it
     assert state["status"] == "PUBLISHING", state["status"]
     assert behind and not [r for r in behind if r["status"] == "PUBLISHED"], \
@@ -495,9 +510,7 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
     # the others went on: rows written while the row was held were marked
     # PUBLISHED before its end, steadily (none waits more than MAX_PAUSE_S
     # past the first mark that gave up)
-    late = [n for t, n in published_while_held if t >= ROW_HOLD_S - 2]
-    early = [n for t, n in published_while_held if DB_LOCK_TIMEOUT_MS / 1000 + 2 <= t < 6]
-    assert early and late and late[-1] > early[-1] > 0, published_while_held
+    late = went_on(published_while_held)
     assert max_latency_s(db, "aggregate_id LIKE 'w%%' AND created_at > (SELECT min(created_at) "
                          "FROM %s WHERE aggregate_id LIKE 'w%%') + interval '%d seconds'"
                          % (db.table, DB_LOCK_TIMEOUT_MS / 1000 + 2)) < MAX_PAUSE_S + 1, \
@@ -520,8 +533,53 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
     finish(db, kafka, [relay], "row held %d s by an open UPDATE: %d rows written meanwhile "
            "published beside it (%d by the end of the hold); held row marked %.2f s after "
            "COMMIT; /readyz 503 from %.1f s (%s); %s" % (
-               ROW_HOLD_S, written, late[-1], marked_s, not_ready[0][0], reason, said[0]["_line"]),
+               ROW_HOLD_S, written, late, marked_s, not_ready[0][0], reason, said[0]["_line"]),
            report)
+
+
+def test_rows_held_past_the_row_limit_hold_back_only_themselves(db, kafka, tmp_path, report):
+    """A DBA's transaction holds every row a relay has in flight (as many as
+    it may hold: 4 batches): those rows wait for the DBA, and the relay goes
+    on locking and publishing the others beside them."""
+    batch = 10
+    kafka.create_topic("%s.Order" % db.schema, 4)
+    db.insert_events(make_events(aggregates=60, versions=2, id_prefix="a"))
+    port = free_port()
+    holder = dba(db)
+    holder.autocommit = False
+    writer = relay = None
+    try:
+        with kafka.paused():
+            relay = Relay("outbox-relay", name="r-full", log_dir=tmp_path,
+                          env=env_for(db, kafka, "r-full", port, OUTBOX_BATCH_SIZE=batch))
+            wait_until(lambda: db.count("status = 'PUBLISHING'") >= 4 * batch, 30,
+                       what="the relay holding as many rows as it may")
+            with holder.cursor() as cur:
+                cur.execute("SELECT outbox_id FROM %s WHERE status = 'PUBLISHING' FOR UPDATE"
+                            % db.table)
+                held = [str(r[0]) for r in cur.fetchall()]
+        assert len(held) >= 4 * batch, len(held)
+        held_at = time.monotonic()
+        writer = Writer(db, per_step=5, every_s=0.1)
+        writer.start()
+        progress = []
+        while time.monotonic() - held_at < ROW_HOLD_S:
+            progress.append((time.monotonic() - held_at,
+                             db.count("status = 'PUBLISHED' AND aggregate_id LIKE 'w%%'")))
+            time.sleep(0.5)
+        still = db.count("status = 'PUBLISHING' AND outbox_id = ANY(%s::uuid[])", (held,))
+        holder.commit()
+        written = writer.stop()
+        writer = None
+        wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
+        assert relay.stop() == 0
+    finally:
+        let_go(writer, relay, holder)
+    assert still == len(held), (still, len(held))
+    late = went_on(progress)
+    finish(db, kafka, [relay], "%d rows held (the relay's whole limit, batch size %d) for %d s: "
+           "%d rows written meanwhile, %d of them published during the hold"
+           % (len(held), batch, ROW_HOLD_S, written, late), report)
 
 
 # How long a stopping relay waits for rows only another transaction's end
