@@ -201,8 +201,11 @@ def test_sweeper_names_missing_indexes_it_reads(db, tmp_path):
             holder.commit()
             wait_until(lambda: lines("sweep works again"), 20, what="a sweep completing")
             assert findings(s) == missing[:1] * 2
+            # one line per cause, not per sweep: a sweep under way when the
+            # lock came times out in a later statement than the next ones do
             failed = lines("sweep failed")
-            assert len(failed) == 1 and "statement timeout" in failed[0]["err"], failed
+            assert failed and all("statement timeout" in f["err"] for f in failed), failed
+            assert len({f["err"] for f in failed}) == len(failed) <= 2, failed
             assert s.stop() == 0
     finally:
         holder.close()
