@@ -267,9 +267,10 @@ int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size
 #define DB_ERR_LOCK_TIMEOUT (-3)
 
 /* After DB_ERR_LOCK_TIMEOUT: the sessions holding a lock on the outbox
- * table, at most 3, as "pid=N application=A state=S xact_age_s=T command=C"
- * joined by "; " (the command's first words, never its values); "" when
- * none, "unknown (why)" when the lookup fails. */
+ * table, at most 5, as "pid=N application=A state=S xact_age_s=T command=C"
+ * (or "prepared transaction gid=G prepared_s=T") joined by "; " (the
+ * command's first words, never its values); "" when none, "unknown (why)"
+ * when the lookup fails. */
 void db_migrate_holders(struct db *db, char *out, size_t out_size);
 
 /* Applies m and records it, in one transaction (creating the record table

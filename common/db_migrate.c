@@ -200,19 +200,30 @@ int db_migrate_recorded(struct db *db, int version, int *yes, char *errstr, size
 
 void db_migrate_holders(struct db *db, char *out, size_t out_size) {
         char err[256];
-        /* the sessions with a lock granted on the table, longest
-         * transaction first; of their statement its first words only */
+        /* the sessions of this database with a lock granted on the table,
+         * and prepared transactions holding one; those whose details this
+         * role may not read (NULL start) first, then the longest
+         * transaction; of their statement its first words only */
         static const char sql[] =
-                "SELECT coalesce(string_agg(h, '; '), '') FROM ("
+                "WITH l AS (SELECT pid, virtualtransaction FROM pg_locks"
+                " WHERE locktype = 'relation' AND granted"
+                "  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                "  AND relation = to_regclass('outbox_event'))"
+                " SELECT coalesce(string_agg(h, '; ' ORDER BY o NULLS FIRST), '') FROM ("
                 " SELECT format('pid=%s application=%s state=%s xact_age_s=%s command=%s',"
-                "  a.pid, a.application_name, a.state,"
-                "  coalesce(extract(epoch FROM now() - a.xact_start)::bigint, 0),"
-                "  coalesce(substring(a.query FROM '^\\s*([A-Za-z]+(\\s+[A-Za-z]+)?)'), '')) AS h"
+                "  a.pid, a.application_name, coalesce(a.state, 'unknown'),"
+                "  coalesce(extract(epoch FROM now() - a.xact_start)::bigint::text, 'unknown'),"
+                "  coalesce(substring(a.query FROM"
+                "   '^[[:space:]]*([A-Za-z]+([[:space:]]+[A-Za-z]+)?)'), '')) AS h,"
+                "  a.xact_start AS o"
                 " FROM pg_stat_activity a"
-                " WHERE a.pid <> pg_backend_pid() AND a.pid IN (SELECT l.pid FROM pg_locks l"
-                "  WHERE l.locktype = 'relation' AND l.granted"
-                "   AND l.relation = to_regclass('outbox_event'))"
-                " ORDER BY a.xact_start NULLS LAST LIMIT 3) s";
+                " WHERE a.pid <> pg_backend_pid() AND a.pid IN (SELECT pid FROM l)"
+                " UNION ALL"
+                " SELECT format('prepared transaction gid=%s prepared_s=%s', p.gid,"
+                "  extract(epoch FROM now() - p.prepared)::bigint), p.prepared"
+                " FROM pg_prepared_xacts p"
+                " WHERE '-1/' || p.transaction IN (SELECT virtualtransaction FROM l)"
+                " ORDER BY 2 NULLS FIRST LIMIT 5) s";
         if (query_value(db, sql, 0, NULL, NULL, out, out_size, err, sizeof err) != 0)
                 snprintf(out, out_size, "unknown (%s)", err);
 }

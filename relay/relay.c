@@ -181,7 +181,7 @@ struct relay {
         /* failures that say nothing about the rows (REGISTRY_UNAVAILABLE,
          * OUT_OF_MEMORY) with no event published since: since when, and the
          * lock paused until when (uncounted_failed()) */
-        double uncounted_since, lock_paused_until;
+        double uncounted_since, uncounted_last, lock_paused_until;
         int pause_said;         /* a warn line said locking is paused */
         int lock_limit;         /* the lock statement in flight asked for this many */
         int lock_ramp;          /* the next lock takes at most this many rows */
@@ -234,6 +234,7 @@ struct relay {
         unsigned take_back_asks, take_back_sent;
         double next_sample, sample_started;
         int sample_slow;
+        int sample_after_lock; /* the chain gave up on the table's lock: again after a lock */
         long long gap_keys[GAP_LOG_MAX], gap_held[GAP_LOG_MAX]; /* gaps: keys, held versions */
         size_t ngap_keys;
         unsigned long long gaps_seen[GAP_SEEN_MAX];
@@ -583,19 +584,28 @@ static double produce_deadline_s(const struct relay *r) {
  * pauses, for as long as the failures have gone on, at most
  * UNCOUNTED_PAUSE_MAX_S, until an event is published again. */
 static void uncounted_failed(struct relay *r, const char *code, double now) {
-        if (r->uncounted_since == 0)
+        /* below the readiness's stall bound: the pause is the relay's own */
+        double cap = (2.0 * r->cfg->poll_interval_ms + r->cfg->statement_timeout_ms) / 2000.0;
+        if (cap > UNCOUNTED_PAUSE_MAX_S)
+                cap = UNCOUNTED_PAUSE_MAX_S;
+        /* a failure long after the last one (the rows published by another
+         * relay meanwhile, or traffic low) starts a new run of them */
+        if (r->uncounted_since == 0 || now - r->uncounted_last > 2 * cap + 1.0) {
                 r->uncounted_since = now;
+                r->pause_said = 0;
+        }
+        r->uncounted_last = now;
         double pause = now - r->uncounted_since;
-        if (pause > UNCOUNTED_PAUSE_MAX_S)
-                pause = UNCOUNTED_PAUSE_MAX_S;
+        if (pause > cap)
+                pause = cap;
         if (now + pause > r->lock_paused_until)
                 r->lock_paused_until = now + pause;
-        if (pause >= 1.0 && !r->pause_said) {
+        if (pause >= (cap < 1.0 ? cap : 1.0) && !r->pause_said) {
                 r->pause_said = 1;
                 log_warn("relay",
                          "every event fails for a cause outside the rows: locking less often",
-                         "err=%s failing_s=%.1f pause_max_s=%.0f", code, now - r->uncounted_since,
-                         UNCOUNTED_PAUSE_MAX_S);
+                         "err=%s failing_s=%.1f pause_max_s=%.1f", code, now - r->uncounted_since,
+                         cap);
         }
 }
 
@@ -917,6 +927,10 @@ static void lock_result(struct relay *r, struct db_result *res, double now) {
         }
         stmt_ok(r, r->lock_stmt);
         health_lock_done(r->health, now);
+        if (r->sample_after_lock) {
+                r->sample_after_lock = 0;
+                r->next_sample = now;
+        }
         r->side_not_before = 0; /* the first lock is done: side work may compete with it */
         metrics_set(M_LAST_LOCK_TIMESTAMP, NULL, clock_wall_s());
         int n = db_result_rows(res);
@@ -1743,13 +1757,17 @@ static void side_result(struct relay *r, struct db_result *res, double now) {
                  * and never makes the relay not ready */
                 if (task == SIDE_INDEXES && *db_result_sqlstate(res))
                         r->indexes_done = r->indexes_sent;
-                /* a chain that gave up on a lock starts again as soon as
-                 * the statement's backoff allows (LOCK_WAIT_RETRY_CAP_MS):
-                 * the readiness it holds clears soon after the lock ends */
-                if (in_sample_chain(task))
-                        r->next_sample = strcmp(db_result_sqlstate(res), "55P03")
-                                                 ? now + SAMPLE_INTERVAL_S
-                                                 : r->stmts[stmt].retry_at;
+                /* a read of the chain that gave up on the table's lock
+                 * starts again as soon as a lock statement works (the
+                 * readiness it holds clears with the lock's end), not on
+                 * a short timer: meanwhile the side connection stays free
+                 * to name the blockers of the others. unpark waits for
+                 * rows, which a lock statement says nothing about. */
+                if (in_sample_chain(task)) {
+                        r->next_sample = now + SAMPLE_INTERVAL_S;
+                        r->sample_after_lock =
+                                task != SIDE_UNPARK && !strcmp(db_result_sqlstate(res), "55P03");
+                }
                 db_result_free(res);
                 return;
         }

@@ -196,14 +196,15 @@ def test_confluent_wire_format_with_registry(db, kafka, tmp_path):
 
 
 # relay.c UNCOUNTED_PAUSE_MAX_S: the longest pause of the lock while every
-# event fails for a cause outside the rows.
+# event fails for a cause outside the rows (with the test's settings, half the
+# stall bound: about 5 s).
 UNCOUNTED_PAUSE_MAX_S = 10
 
 
 def test_a_registry_outage_costs_the_database_little(db, kafka, tmp_path):
     """A registry outage with a backlog: every batch fails alike (the rows
-    are fine), so the relay locks less often, up to one batch each
-    UNCOUNTED_PAUSE_MAX_S, instead of cycling the backlog through lock and
+    are fine), so the relay locks less often, up to one batch a pause (at
+    most UNCOUNTED_PAUSE_MAX_S, below the stall bound), instead of cycling the backlog through lock and
     mark at full speed (21,000 row updates a second with 20,000 rows), and
     says so once; it publishes within that pause of the registry's return."""
     rows = [{"aggregate_type": "Order", "aggregate_id": "o%d" % i, "aggregate_version": 1,
@@ -236,9 +237,10 @@ def test_a_registry_outage_costs_the_database_little(db, kafka, tmp_path):
             took = time.monotonic() - back
             assert said("events published again: locking at the usual pace")
             assert relay.stop() == 0
-    # one batch (500 rows, a lock and a mark each) per pause at most, with
-    # room for a loaded machine; cycling the backlog is thousands a second
-    assert per_s < 300, "%.0f row updates a second during the outage" % per_s
+    # one batch (500 rows, a lock and a mark each) per pause (about 5 s) at
+    # most, 200 a second, with room for a loaded machine; cycling the backlog
+    # is thousands a second
+    assert per_s < 600, "%.0f row updates a second during the outage" % per_s
     assert took < UNCOUNTED_PAUSE_MAX_S + 20, took
 
 
