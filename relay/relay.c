@@ -212,6 +212,7 @@ struct relay {
         double oldest_free;    /* the same among the rows no other transaction holds */
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
         long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
+        long long nheld;              /* rows with held_by_other set (as the last probes found) */
         double held_logged_at;        /* when that was last logged at warn */
         long long held_logged;        /* how many rows it said were held */
         size_t lost_n;                /* rows of the answer in hand whose lock was lost */
@@ -1192,9 +1193,13 @@ static void mark(struct relay *r, double now) {
                          * PUBLISHED never goes to a version before its
                          * predecessor (a row in a run follows its
                          * predecessor in the batch) */
-                        const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
-                        w->behind_held =
-                                p && p->stage != ROW_MARKED && (p->held_by_other || p->behind_held);
+                        if (r->nheld > 0) {
+                                const struct row *p = w->prev >= 0 ? &b->rows[w->prev] : NULL;
+                                w->behind_held = p && p->stage != ROW_MARKED &&
+                                                 (p->held_by_other || p->behind_held);
+                        } else if (w->behind_held) {
+                                w->behind_held = 0; /* nothing held: no write per row */
+                        }
                         int waits = w->stage == ROW_SETTLED ||
                                     (w->stage == ROW_MARKING && w->held_by_other);
                         if (!waits)
@@ -1315,6 +1320,10 @@ static void row_done(struct relay *r, struct row *w, int lost) {
         } else if (!lost) {
                 count_outcome(w);
         }
+        if (w->held_by_other) {
+                w->held_by_other = 0;
+                r->nheld--;
+        }
         w->stage = ROW_MARKED;
         w->batch->open--;
         r->rows_open--;
@@ -1327,15 +1336,6 @@ static void log_lost(struct relay *r) {
                 log_warn("relay", "locks lost before marking", "rows=%zu outbox_id=%s", r->lost_n,
                          r->lost_first);
         r->lost_n = 0;
-}
-
-/* The rows another transaction holds, as the last probes found. */
-static long long count_held(const struct relay *r) {
-        long long n = 0;
-        for (const struct batch *b = r->batches; b; b = b->next)
-                for (size_t i = 0; i < b->n; i++)
-                        n += b->rows[i].held_by_other && b->rows[i].stage != ROW_MARKED;
-        return n;
 }
 
 /* A row of mark_probe's answer (its outbox_id first: by_uuid sorts it). */
@@ -1380,6 +1380,7 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                 w->stage = ROW_SETTLED;
                 if (g->free) {
                         w->held_by_other = 0;
+                        r->nheld--;
                         continue;
                 }
                 if (!first)
@@ -1389,7 +1390,7 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
         }
         free(got);
         log_lost(r);
-        long long total = held ? count_held(r) : 0;
+        long long total = r->nheld;
         if (held && (!r->held_said || total >= 2 * r->held_logged ||
                      now - r->held_logged_at >= BLOCKED_REPEAT_S)) {
                 r->held_logged_at = now;
@@ -1402,7 +1403,7 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                           total, first);
         }
         /* once no row is held any more, after a line said some were */
-        if (r->held_said && !held && count_held(r) == 0) {
+        if (r->held_said && r->nheld == 0) {
                 r->held_said = 0;
                 log_info("relay", "no event held by another transaction any more", NULL);
         }
@@ -1426,6 +1427,7 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
                         w->stage = ROW_SETTLED; /* marked again later */
                         if (held && !w->held_by_other) {
                                 w->held_by_other = 1;
+                                r->nheld++;
                                 w->probe_at = now;
                         } else if (held) {
                                 w->probe_at = r->stmts[stmt].retry_at;
