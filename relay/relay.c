@@ -30,7 +30,8 @@
  * batches' worth (and OUTBOX_BATCH_BYTES). */
 #define MAX_BATCHES 4
 /* Rows another transaction holds, in batches, that do not count against
- * MAX_BATCHES (lock_limit()): each keeps its row struct, not its content. */
+ * MAX_BATCHES (lock_limit()): each keeps its batch's row records and lock
+ * answer, not its content. */
 #define HELD_ROWS_MAX 16
 /* Lock statements in flight at most (each a batch, however few its rows):
  * a batch is done once all its rows are, so when a stopped broker holds one
