@@ -148,7 +148,7 @@ int db_async_start(struct db *db, double now, char *errstr, size_t errstr_size) 
         db->phase = DB_CONNECTING;
         db->connect_polling = PGRES_POLLING_WRITING;
         db->connect_deadline = now + CONNECT_TIMEOUT_S;
-        db->table_missing = db->too_old = 0;
+        db->table_missing = db->too_old = db->table_locked = 0;
         return 0;
 }
 
@@ -424,7 +424,9 @@ static int collect_pipeline(struct db *db) {
                 /* kept in db: the pipeline's end, which reports it, may
                  * come in a later call */
                 if (st == PGRES_FATAL_ERROR && !db->setup_error) {
+                        const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
                         db->setup_error = 1;
+                        db->table_locked = state && !strcmp(state, "55P03");
                         snprintf(db->setup_why, sizeof db->setup_why, "%s: %s",
                                  command_name(db, db->setup_next), PQresultErrorMessage(r));
                 }
@@ -592,6 +594,8 @@ enum db_event db_async_advance(struct db *db, double now, char *errstr, size_t s
                         db_async_close(db);
                         return DB_EV_DOWN;
                 }
+                if (!ok && state && !strcmp(state, "55P03"))
+                        db->table_locked = 1;
                 if (!ok)
                         errstr_set(errstr, size, "session set-up: %s",
                                    r ? PQresultErrorMessage(r) : PQerrorMessage(db->conn));
@@ -691,6 +695,10 @@ int db_async_table_missing(const struct db *db) {
 
 int db_async_too_old(const struct db *db) {
         return db->too_old;
+}
+
+int db_async_table_locked(const struct db *db) {
+        return db->table_locked;
 }
 
 /* ---- results ---- */

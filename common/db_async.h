@@ -105,10 +105,13 @@ int db_async_notified(struct db *db);
 const char *db_async_connected_at(const struct db *db);
 
 /* Why the last connect failed, when it was not the connection itself: the
- * table OUTBOX_TABLE names does not exist, or the server is older than the
- * oldest supported (14). */
+ * table OUTBOX_TABLE names does not exist, the server is older than the
+ * oldest supported (14), or a set-up statement waited for a lock longer than
+ * the lock timeout (another session holds the table: an ALTER TABLE, a
+ * VACUUM FULL, a LOCK TABLE left open). */
 int db_async_table_missing(const struct db *db);
 int db_async_too_old(const struct db *db);
+int db_async_table_locked(const struct db *db);
 
 /* Drops the connection (DB_DOWN). */
 void db_async_close(struct db *db);

@@ -48,6 +48,7 @@ struct db {
         int notified;
         char connected_at[48];
         int table_missing, too_old;
+        int table_locked; /* a set-up statement gave up on a lock (55P03) */
 };
 
 /* One SQL statement of the legacy tables, prepared on every connect under

@@ -413,8 +413,9 @@ static void conn_down(struct relay *r, int c, const char *why, double now) {
          * request changed (the line says the pause really taken) */
         if (cn->failures == 1 || strcmp(cn->why, why) != 0 || cn->logged_stopping != r->stopping) {
                 log_warn("db",
-                         db_async_table_missing(db) ? "table missing, retrying"
-                                                    : "database connection down, retrying",
+                         db_async_table_missing(db)  ? "table missing, retrying"
+                         : db_async_table_locked(db) ? "table locked by another session, retrying"
+                                                     : "database connection down, retrying",
                          "connection=%s retry_ms=%d err=%s", conn_names[c], retry, why);
                 cn->logged_stopping = r->stopping;
         }

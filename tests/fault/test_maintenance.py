@@ -385,7 +385,7 @@ def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
                    env=env_for(db, kafka, "r-start-locked", port)) as relay:
             def downs():
                 return [r for r in log_records(relay.log_text())
-                        if r.get("msg") == "database connection down, retrying"]
+                        if r.get("msg") == "table locked by another session, retrying"]
             wait_until(lambda: len(downs()) >= 2, 30, what="set-up failures logged")
             for r in downs():
                 assert "lock timeout" in r["err"] and ": ERROR:" in r["err"], r["_line"]
