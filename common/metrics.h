@@ -35,6 +35,7 @@ enum metric_id {
         M_OLDEST_DUE_AGE,         /* gauge, seconds (relay) */
         M_HELD_AGGREGATES,        /* gauge, label reason: gap | dead (relay) */
         M_EVENTS_HELD,            /* gauge (relay) */
+        M_EVENTS_LOCKED_BY_OTHER, /* gauge (relay) */
         /* librdkafka statistics (relay; kafka_stats.h) */
         M_KAFKA_BROKER_RTT_P99,  /* gauge, seconds, label broker (node id) */
         M_KAFKA_BROKER_INFLIGHT, /* gauge, label broker */

@@ -213,6 +213,7 @@ struct relay {
         double oldest_free;    /* the same among the rows no other transaction holds */
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
         long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
+        long long held_shown;         /* rows_held_by_other as the metric shows it */
         long long nheld;              /* rows with held_by_other set (as the last probes found) */
         double held_logged_at;        /* when that was last logged at warn */
         long long held_logged;        /* how many rows it said were held */
@@ -1226,6 +1227,10 @@ static void mark(struct relay *r, double now) {
          * are stuck; the linger only the rows a mark may take */
         r->oldest_settled = oldest_any;
         r->oldest_free = oldest ? oldest->settled_at : 0;
+        if (r->rows_held_by_other != r->held_shown) {
+                r->held_shown = r->rows_held_by_other;
+                metrics_set(M_EVENTS_LOCKED_BY_OTHER, NULL, (double)r->held_shown);
+        }
         health_mark_waiting(r->health, r->oldest_settled);
         if (!idle(r, C_MARK))
                 return;

@@ -450,6 +450,8 @@ def went_on(progress):
     return late[-1]
 
 
+# The gauge of rows whose mark waits for another transaction's row lock.
+LOCKED_BY_OTHER = "outbox_relay_events_locked_by_other"
 # How long the DBA's transaction holds its row in the row-lock test.
 ROW_HOLD_S = 14
 # Rows of mark_probe asked about again this often (relay.c PROBE_REPEAT_S).
@@ -480,8 +482,10 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         writer.start()
         answers = []
         published_while_held = []
+        gauge = []
         while time.monotonic() - held_at < ROW_HOLD_S:
             answers.append((time.monotonic() - held_at, readyz(port)))
+            gauge.append(scrape(port).value(LOCKED_BY_OTHER))
             published_while_held.append(
                 (time.monotonic() - held_at, db.count("status = 'PUBLISHED' AND aggregate_id "
                                                       "LIKE 'w%%'")))
@@ -500,10 +504,13 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
         writer = None
         wait_until(lambda: db.count("status <> 'PUBLISHED'") == 0, 60, what="all PUBLISHED")
         wait_until(lambda: readyz(port).status == 200, 10, what="/readyz 200 again")
+        wait_until(lambda: scrape(port).value(LOCKED_BY_OTHER) == 0, 10,
+                   what="%s 0 again" % LOCKED_BY_OTHER)
         assert relay.stop() == 0
     finally:
         let_go(writer, relay, holder)
-    # the held row waited, PUBLISHING, as long as the transaction held it
+    # the gauge counted the held row, and at most the rest of its run behind it
+    assert 1 <= max(gauge) <= 3 and gauge[-1] >= 1, gauge
     assert state["status"] == "PUBLISHING", state["status"]
     assert behind and not [r for r in behind if r["status"] == "PUBLISHED"], \
         [(r["aggregate_version"], r["status"]) for r in behind]

@@ -79,6 +79,7 @@ Test(metrics, every_design_name_with_its_type) {
                 {"outbox_oldest_due_age_seconds", "gauge"},
                 {"outbox_held_aggregates", "gauge"},
                 {"outbox_events_held", "gauge"},
+                {"outbox_relay_events_locked_by_other", "gauge"},
                 {"outbox_kafka_broker_rtt_p99_seconds", "gauge"},
                 {"outbox_kafka_broker_inflight_requests", "gauge"},
                 {"outbox_kafka_broker_outbuf_messages", "gauge"},
@@ -130,6 +131,7 @@ Test(metrics, new_metrics_start_at_zero) {
                 "outbox_held_aggregates{reason=\"gap\"}",
                 "outbox_held_aggregates{reason=\"dead\"}",
                 "outbox_events_held",
+                "outbox_relay_events_locked_by_other",
                 "outbox_kafka_retries_total",
                 "outbox_kafka_errors_total",
                 "outbox_kafka_queue_messages",
@@ -459,6 +461,6 @@ Test(metrics, per_program_sets) {
         cr_expect_null(strstr(text, "outbox_sweeper_"));
         cr_expect_not_null(strstr(text, "\noutbox_database_up 0\n"));
         cr_expect_not_null(strstr(text, "\noutbox_relay_stalled 0\n"));
-        cr_expect_eq(count_prefix(text, "# TYPE "), 31);
+        cr_expect_eq(count_prefix(text, "# TYPE "), 32);
         free(text);
 }
