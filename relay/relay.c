@@ -1064,15 +1064,20 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                         r->moved = b;
                 } else {
                         /* not this relay's any more (taken back by the
-                         * sweeper): nothing to mark */
+                         * sweeper, or deleted): nothing to send or mark */
+                        const char *first = NULL;
                         for (size_t i = 0; i < b->n; i++)
                                 if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
+                                        if (!first)
+                                                first = b->rows[i].id;
                                         batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
                                         b->rows[i].stage = ROW_MARKED;
                                         b->open--;
                                         r->rows_open--;
                                         metrics_add(M_LOCK_LOST, NULL, 1);
                                 }
+                        log_warn("relay", "locks lost before sending", "rows=%zu outbox_id=%s",
+                                 missing, first ? first : "-");
                 }
         }
 }
@@ -1167,11 +1172,15 @@ static void send_probe(struct relay *r, double now) {
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
                         if (w->stage == ROW_SETTLED && w->held_by_other && w->probe_at <= now &&
-                            marking_add(r, w) != 0)
+                            marking_add(r, w) != 0) {
+                                r->nmarking = 0; /* out of memory: nothing sent */
                                 return;
+                        }
                 }
-        if (buf_append(&r->mp[1], "}", 1) || send_ids(r, RELAY_SQL_MARK_PROBE, now) != 0)
+        if (buf_append(&r->mp[1], "}", 1) || send_ids(r, RELAY_SQL_MARK_PROBE, now) != 0) {
+                r->nmarking = 0;
                 return;
+        }
         for (size_t i = 0; i < r->nmarking; i++)
                 r->marking[i]->stage = ROW_MARKING;
 }
@@ -1259,12 +1268,16 @@ static void mark(struct relay *r, double now) {
                                 continue;
                         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && w->mark != oldest->mark)
                                 continue; /* FAILED and DEAD go in statements of their own */
-                        if (mark_add(r, w) != 0)
+                        if (mark_add(r, w) != 0) {
+                                r->nmarking = 0; /* out of memory: nothing sent */
                                 return;
+                        }
                 }
         for (int k = 0; k < 6; k++)
-                if (buf_append(&r->mp[k], "}", 1))
+                if (buf_append(&r->mp[k], "}", 1)) {
+                        r->nmarking = 0;
                         return;
+                }
         const char *params[8];
         int n;
         /* PUBLISHED by ctid and outbox_id (the rows an UPDATE moved are
