@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "db_async.h"
 #include "db_conninfo.h"
 #include "log.h"
 #include "metrics.h"
@@ -237,8 +238,10 @@ int lifecycle_ensure_db(struct db *db, int *backoff_ms, struct http *http,
                 *stop = 1;
                 return -1;
         }
-        log_warn("db", "cannot connect, retrying", "retry_ms=%d err=%s",
-                 lifecycle_retry_ms(*backoff_ms, stop), err);
+        log_warn("db",
+                 db_async_table_locked(db) ? "table locked by another session, retrying"
+                                           : "cannot connect, retrying",
+                 "retry_ms=%d err=%s", lifecycle_retry_ms(*backoff_ms, stop), err);
         lifecycle_backoff(http, backoff_ms, stop);
         return -1;
 }

@@ -37,7 +37,7 @@ import time
 import psycopg2
 import pytest
 
-from conftest import check_audit, check_kafka, cpu_seconds, relay_env
+from conftest import check_audit, check_kafka, cpu_seconds, relay_env, sweeper_env
 from harness import Relay, free_port, header, make_events, wait_until
 from observe import NEW_CORE, log_records, readyz, scrape
 
@@ -368,25 +368,34 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
 
 
 def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
-    """A relay that starts while a DBA holds the table: each connection's
-    set-up (preparing its statements) gives up after the lock timeout, and
-    the log line and /readyz say so in the server's words, the statement
-    named, whichever answer of the set-up carried the error; it publishes
-    once the lock ends."""
+    """A relay and a sweeper that start while a DBA holds the table: each
+    connection's set-up (preparing its statements) gives up after the lock
+    timeout, and the log lines (`table locked by another session`, not a
+    connection down) and /readyz say so in the server's words, the statement
+    named, whichever answer of the set-up carried the error; the relay
+    publishes once the lock ends."""
     kafka.create_topic("%s.Order" % db.schema, 1)
     db.insert_events(make_events(aggregates=5, versions=2))
     port = free_port()
     holder = dba(db)
     holder.autocommit = False
+    sweeper = None
     try:
         with holder.cursor() as cur:
             cur.execute("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE" % db.table)
+        sweeper = Relay("outbox-sweeper", name="s-start-locked", log_dir=tmp_path,
+                        env=sweeper_env(db, "s-start-locked",
+                                        OUTBOX_DB_LOCK_TIMEOUT_MS=DB_LOCK_TIMEOUT_MS))
         with Relay("outbox-relay", name="r-start-locked", log_dir=tmp_path,
                    env=env_for(db, kafka, "r-start-locked", port)) as relay:
-            def downs():
-                return [r for r in log_records(relay.log_text())
+            def downs(p=relay):
+                return [r for r in log_records(p.log_text())
                         if r.get("msg") == "table locked by another session, retrying"]
             wait_until(lambda: len(downs()) >= 2, 30, what="set-up failures logged")
+            wait_until(lambda: downs(sweeper), 30, what="the sweeper's set-up failure logged")
+            assert "lock timeout" in downs(sweeper)[0]["err"], downs(sweeper)[0]["_line"]
+            assert sweeper.stop() == 0
+            assert "database connection down" not in relay.log_text()
             for r in downs():
                 assert "lock timeout" in r["err"] and ": ERROR:" in r["err"], r["_line"]
                 assert r["err"].split(":")[0] in ("lock", "fetch", "mark_published", "sample",
@@ -402,6 +411,8 @@ def test_a_relay_started_under_a_table_lock_says_why(db, kafka, tmp_path):
                        what="published once the lock ended")
             assert relay.stop() == 0
     finally:
+        if sweeper and sweeper.running():
+            sweeper.kill()
         holder.close()
 
 
