@@ -135,6 +135,7 @@ struct conn {
         int backoff_ms;
         int failures;        /* connects failed in a row */
         int restarting;      /* closed on purpose: a fresh session cures a statement */
+        unsigned downs;      /* conn_down() calls, so that a loss is handled once */
         int logged_stopping; /* the last line logged was after the stop request */
         char why[512];
 };
@@ -395,6 +396,7 @@ static void marking_unknown(struct relay *r) {
 static void conn_down(struct relay *r, int c, const char *why, double now) {
         struct conn *cn = &r->conns[c];
         struct db *db = cn->db;
+        cn->downs++;
         if (cn->restarting) {
                 cn->restarting = 0; /* closed on purpose: retry_at is set */
                 goto forget;
@@ -455,13 +457,16 @@ static void pump(struct relay *r, int c, double now) {
                 struct db_result *res = db_async_result(cn->db);
                 if (!res) /* db_async_advance gives a result with this event */
                         return;
+                unsigned downs = cn->downs;
                 if (c == C_LOCK)
                         r->fetching ? fetch_result(r, res, now) : lock_result(r, res, now);
                 else if (c == C_MARK)
                         mark_result(r, res, now);
                 else
                         side_result(r, res, now);
-                if (db_async_phase(cn->db) == DB_DOWN)
+                /* the handler may have met the loss first (a statement it
+                 * sent failed) and counted it */
+                if (db_async_phase(cn->db) == DB_DOWN && cn->downs == downs)
                         conn_down(r, c, "connection lost", now);
         } else if (ev == DB_EV_DOWN) {
                 conn_down(r, c, err, now);
