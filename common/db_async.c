@@ -126,6 +126,9 @@ int db_async_start(struct db *db, double now, char *errstr, size_t errstr_size) 
         const char *keys[8], *vals[8];
         size_t n = 0;
         db_async_close(db);
+        /* what the last attempt failed on: a failure of this one, even
+         * before its first round trip, must not read as that */
+        db->table_missing = db->too_old = db->table_locked = 0;
         /* A half-dead connection fails within about a minute, not the
          * kernel's quarter of an hour: keepalives and a TCP user timeout.
          * The URL comes last, so its own settings win. */
@@ -148,7 +151,6 @@ int db_async_start(struct db *db, double now, char *errstr, size_t errstr_size) 
         db->phase = DB_CONNECTING;
         db->connect_polling = PGRES_POLLING_WRITING;
         db->connect_deadline = now + CONNECT_TIMEOUT_S;
-        db->table_missing = db->too_old = db->table_locked = 0;
         return 0;
 }
 
