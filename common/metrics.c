@@ -131,8 +131,9 @@ static const struct metric_def metric_defs[M_COUNT] = {
         GAUGE(M_EVENTS_HELD, "outbox_events_held", NULL,
               "Unpublished rows of held aggregates (behind a gap or a DEAD version)."),
         GAUGE(M_EVENTS_LOCKED_BY_OTHER, "outbox_relay_events_locked_by_other", NULL,
-              "Rows in this relay's hands whose mark waits for another transaction's row "
-              "lock, with the later versions of their aggregates that wait behind them."),
+              "Rows in this relay's hands whose mark waits for another transaction's lock on "
+              "the row, as the relay's last probe of them found (the later versions of their "
+              "aggregates wait behind them, uncounted)."),
         GAUGE(M_KAFKA_BROKER_RTT_P99, "outbox_kafka_broker_rtt_p99_seconds", "broker",
               "librdkafka: 99th percentile of the request round trip to each broker (node id)."),
         GAUGE(M_KAFKA_BROKER_INFLIGHT, "outbox_kafka_broker_inflight_requests", "broker",

@@ -49,6 +49,7 @@ struct row {
         int held_by_other;  /* a mark including it gave up on a lock: left out of marks */
         double probe_at;    /* monotonic: when mark_probe asks about it again (held_by_other) */
         int behind_held;    /* an earlier version in its run is held: left out of marks */
+        int row_locked;     /* the last mark_probe found another transaction's lock on it */
         int asked;          /* in the list of the batch's latest fetch */
         int suspect;        /* asked by a fetch that failed: read alone until read or settled */
         char *topic;        /* the message's topic (for metrics and logs), owned */

@@ -214,7 +214,8 @@ struct relay {
         double oldest_free;    /* the same among the rows no other transaction holds */
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
         long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
-        long long held_shown;         /* rows_held_by_other as the metric shows it */
+        long long rows_locked;        /* of those, the ones a probe found row-locked */
+        long long locked_shown;       /* rows_locked as the metric shows it */
         long long nheld;              /* rows with held_by_other set (as the last probes found) */
         double held_logged_at;        /* when that was last logged at warn */
         long long held_logged;        /* how many rows it said were held */
@@ -1203,6 +1204,7 @@ static void mark(struct relay *r, double now) {
         int probe_due = 0;
         r->next_probe = 0;
         r->rows_held_by_other = 0;
+        r->rows_locked = 0;
         for (struct batch *b = r->batches; b; b = b->next)
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
@@ -1225,6 +1227,7 @@ static void mark(struct relay *r, double now) {
                                 oldest_any = w->settled_at;
                         if (left_out(w))
                                 r->rows_held_by_other++;
+                        r->rows_locked += w->row_locked;
                         if (w->stage != ROW_SETTLED || (left_out(w) && !w->held_by_other))
                                 continue;
                         if (w->held_by_other) {
@@ -1241,9 +1244,11 @@ static void mark(struct relay *r, double now) {
          * are stuck; the linger only the rows a mark may take */
         r->oldest_settled = oldest_any;
         r->oldest_free = oldest ? oldest->settled_at : 0;
-        if (r->rows_held_by_other != r->held_shown) {
-                r->held_shown = r->rows_held_by_other;
-                metrics_set(M_EVENTS_LOCKED_BY_OTHER, NULL, (double)r->held_shown);
+        /* the rows a probe found locked, not every row of a mark that
+         * gave up on a lock: a table lock makes the probe give up too */
+        if (r->rows_locked != r->locked_shown) {
+                r->locked_shown = r->rows_locked;
+                metrics_set(M_EVENTS_LOCKED_BY_OTHER, NULL, (double)r->locked_shown);
         }
         health_mark_waiting(r->health, r->oldest_settled);
         if (!idle(r, C_MARK))
@@ -1349,6 +1354,7 @@ static void row_done(struct relay *r, struct row *w, int lost) {
                 w->held_by_other = 0;
                 r->nheld--;
         }
+        w->row_locked = 0;
         w->stage = ROW_MARKED;
         w->batch->open--;
         r->rows_open--;
@@ -1403,6 +1409,7 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                         continue;
                 }
                 w->stage = ROW_SETTLED;
+                w->row_locked = !g->free;
                 if (g->free) {
                         w->held_by_other = 0;
                         r->nheld--;
