@@ -303,10 +303,11 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
                 cur.execute("LOCK TABLE %s IN ACCESS EXCLUSIVE MODE" % db.table)
             locked_at = time.monotonic()
             cpu_at_lock = cpu_seconds(relay.pid)
-            answers, waits, lock_seen, ticks = [], [], [], []
+            answers, waits, lock_seen, ticks, gauge = [], [], [], [], []
             while time.monotonic() - locked_at < HOLD_S:
                 ticks.append(time.monotonic() - locked_at)
                 answers.append((time.monotonic() - locked_at, readyz(port)))
+                gauge.append(scrape(port).value(LOCKED_BY_OTHER))
                 now = [w for w in lock_waits(watch) if w[1] is not None]
                 waits += now
                 if any(w[3].startswith("outbox-relay:lock:") for w in now):
@@ -338,6 +339,9 @@ def test_access_exclusive_lock_for_20s_is_visible_and_bounded(db, kafka, tmp_pat
         [(round(t, 1), r.status) for t, r in answers if t >= first + 1 and r.status != 503]
     reasons = not_ready[-1][1].failing()
     assert reasons, not_ready[-1][1]
+    # a table lock is not a row lock: the marks that gave up on it hold no
+    # row another transaction locked
+    assert not any(gauge), "%s under a table lock: %s" % (LOCKED_BY_OTHER, gauge)
     named = names_blocker(relay.log_text(), holder_pid, DBA)
     assert named, "no warn line names the lock holder (pid %d, %s)" % (holder_pid, DBA)
     assert resumed_s < MAX_RESUME_S, resumed_s
