@@ -1446,14 +1446,20 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
 
 static void mark_result(struct relay *r, struct db_result *res, double now) {
         int stmt = r->marking_stmt;
+        if (!db_result_ok(res) && !*db_result_sqlstate(res)) {
+                /* no answer from the server (the connection was lost
+                 * while the statement ran): it may have committed */
+                marking_unknown(r);
+                db_result_free(res);
+                return;
+        }
         if (!db_result_ok(res)) {
                 const char *state = db_result_sqlstate(res);
                 /* a lock waited for past lock_timeout: a row lock of
                  * another transaction on one of these rows (or a table
                  * lock): mark_probe asks which, and the others go on */
                 int held = !strcmp(state, "55P03");
-                if (*state)
-                        stmt_failed(r, C_MARK, stmt, res, now);
+                stmt_failed(r, C_MARK, stmt, res, now);
                 for (size_t i = 0; i < r->nmarking; i++) {
                         struct row *w = r->marking[i];
                         w->stage = ROW_SETTLED; /* marked again later */
