@@ -215,7 +215,6 @@ struct relay {
         double next_probe;     /* when mark_probe asks about held rows again (0: none held) */
         long long rows_held_by_other; /* outcomes left out of marks (held, or behind one) */
         long long rows_locked;        /* of those, the ones a probe found row-locked */
-        long long locked_shown;       /* rows_locked as the metric shows it */
         long long nheld;              /* rows with held_by_other set (as the last probes found) */
         double held_logged_at;        /* when that was last logged at warn */
         long long held_logged;        /* how many rows it said were held */
@@ -357,6 +356,8 @@ static void want_take_back(struct relay *r) {
 
 static void lock_result(struct relay *r, struct db_result *res, double now);
 static void fetch_result(struct relay *r, struct db_result *res, double now);
+static void row_done(struct relay *r, struct row *w, int lost);
+static void log_lost(struct relay *r, const char *msg);
 static void mark_result(struct relay *r, struct db_result *res, double now);
 static void side_result(struct relay *r, struct db_result *res, double now);
 static void read_failed(struct relay *r, struct batch *b, const char *sqlstate, const char *why);
@@ -1071,19 +1072,12 @@ static void fetch_result(struct relay *r, struct db_result *res, double now) {
                 } else {
                         /* not this relay's any more (taken back by the
                          * sweeper, or deleted): nothing to send or mark */
-                        const char *first = NULL;
                         for (size_t i = 0; i < b->n; i++)
                                 if (b->rows[i].stage == ROW_LOCKED && b->rows[i].asked) {
-                                        if (!first)
-                                                first = b->rows[i].id;
                                         batch_settle(b, i, DECIDE_RELEASED, NULL, NULL);
-                                        b->rows[i].stage = ROW_MARKED;
-                                        b->open--;
-                                        r->rows_open--;
-                                        metrics_add(M_LOCK_LOST, NULL, 1);
+                                        row_done(r, &b->rows[i], 1);
                                 }
-                        log_warn("relay", "locks lost before sending", "rows=%zu outbox_id=%s",
-                                 missing, first ? first : "-");
+                        log_lost(r, "locks lost before sending");
                 }
         }
 }
@@ -1178,17 +1172,16 @@ static void send_probe(struct relay *r, double now) {
                 for (size_t i = 0; i < b->n; i++) {
                         struct row *w = &b->rows[i];
                         if (w->stage == ROW_SETTLED && w->held_by_other && w->probe_at <= now &&
-                            marking_add(r, w) != 0) {
-                                r->nmarking = 0; /* out of memory: nothing sent */
-                                return;
-                        }
+                            marking_add(r, w) != 0)
+                                goto unsent; /* out of memory */
                 }
-        if (buf_append(&r->mp[1], "}", 1) || send_ids(r, RELAY_SQL_MARK_PROBE, now) != 0) {
-                r->nmarking = 0;
-                return;
-        }
+        if (buf_append(&r->mp[1], "}", 1) || send_ids(r, RELAY_SQL_MARK_PROBE, now) != 0)
+                goto unsent;
         for (size_t i = 0; i < r->nmarking; i++)
                 r->marking[i]->stage = ROW_MARKING;
+        return;
+unsent:
+        r->nmarking = 0; /* nothing sent: no row is in a statement */
 }
 
 /* Step: when the mark connection is free, marks the settled rows of one
@@ -1244,12 +1237,6 @@ static void mark(struct relay *r, double now) {
          * are stuck; the linger only the rows a mark may take */
         r->oldest_settled = oldest_any;
         r->oldest_free = oldest ? oldest->settled_at : 0;
-        /* the rows a probe found locked, not every row of a mark that
-         * gave up on a lock: a table lock makes the probe give up too */
-        if (r->rows_locked != r->locked_shown) {
-                r->locked_shown = r->rows_locked;
-                metrics_set(M_EVENTS_LOCKED_BY_OTHER, NULL, (double)r->locked_shown);
-        }
         health_mark_waiting(r->health, r->oldest_settled);
         if (!idle(r, C_MARK))
                 return;
@@ -1278,16 +1265,12 @@ static void mark(struct relay *r, double now) {
                                 continue;
                         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && w->mark != oldest->mark)
                                 continue; /* FAILED and DEAD go in statements of their own */
-                        if (mark_add(r, w) != 0) {
-                                r->nmarking = 0; /* out of memory: nothing sent */
-                                return;
-                        }
+                        if (mark_add(r, w) != 0)
+                                goto unsent; /* out of memory */
                 }
         for (int k = 0; k < 6; k++)
-                if (buf_append(&r->mp[k], "}", 1)) {
-                        r->nmarking = 0;
-                        return;
-                }
+                if (buf_append(&r->mp[k], "}", 1))
+                        goto unsent;
         const char *params[8];
         int n;
         /* PUBLISHED by ctid and outbox_id (the rows an UPDATE moved are
@@ -1315,6 +1298,9 @@ static void mark(struct relay *r, double now) {
         r->marking_stmt = stmt;
         for (size_t i = 0; i < r->nmarking; i++)
                 r->marking[i]->stage = ROW_MARKING;
+        return;
+unsent:
+        r->nmarking = 0; /* nothing sent: no row is in a statement */
 }
 
 static int by_uuid(const void *a, const void *b) {
@@ -1360,12 +1346,12 @@ static void row_done(struct relay *r, struct row *w, int lost) {
         r->rows_open--;
 }
 
-/* One line for the rows of one answer whose lock was lost (taken back, or
- * changed by another session): however many a DBA's statement touched. */
-static void log_lost(struct relay *r) {
+/* One line (msg) for the rows of one answer whose lock was lost (taken
+ * back, or changed by another session): however many a DBA's statement
+ * touched. */
+static void log_lost(struct relay *r, const char *msg) {
         if (r->lost_n)
-                log_warn("relay", "locks lost before marking", "rows=%zu outbox_id=%s", r->lost_n,
-                         r->lost_first);
+                log_warn("relay", msg, "rows=%zu outbox_id=%s", r->lost_n, r->lost_first);
         r->lost_n = 0;
 }
 
@@ -1421,7 +1407,7 @@ static void probe_result(struct relay *r, struct db_result *res, double now) {
                 w->probe_at = now + PROBE_REPEAT_S;
         }
         free(got);
-        log_lost(r);
+        log_lost(r, "locks lost before marking");
         long long total = r->nheld;
         if (held && (!r->held_said || total >= 2 * r->held_logged ||
                      now - r->held_logged_at >= BLOCKED_REPEAT_S)) {
@@ -1507,7 +1493,7 @@ static void mark_result(struct relay *r, struct db_result *res, double now) {
                 }
         }
         free(ids);
-        log_lost(r);
+        log_lost(r, "locks lost before marking");
         if (stmt == RELAY_SQL_MARK_UNPUBLISHED && r->nmarking &&
             r->marking[0]->mark == DECIDE_FAILED)
                 log_warn("relay", "events failed, will retry", "failed=%zu err=%s retry_ms=%lld",
@@ -1920,6 +1906,9 @@ static void report_health(struct relay *r, double now) {
         else
                 health_set(r->health, H_STATEMENTS, 1, "none failing");
         metrics_set(M_DATABASE_UP, NULL, up);
+        /* the rows a probe found locked, not every row of a mark that
+         * gave up on a lock: a table lock makes the probe give up too */
+        metrics_set(M_EVENTS_LOCKED_BY_OTHER, NULL, (double)r->rows_locked);
         metrics_set(M_LAST_BATCH_TIMESTAMP, NULL, clock_wall_s());
         if (r->http)
                 http_heartbeat(r->http);

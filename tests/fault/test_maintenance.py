@@ -528,6 +528,7 @@ def test_a_row_held_by_another_transaction_holds_back_only_itself(db, kafka, tmp
     # the gauge counted the held row (not the versions behind it) once a
     # probe found it locked, and until the COMMIT
     assert None not in gauge and max(gauge) == 1 and gauge[-1] == 1, gauge
+    # the held row waited, PUBLISHING, as long as the transaction held it
     assert state["status"] == "PUBLISHING", state["status"]
     assert behind and not [r for r in behind if r["status"] == "PUBLISHED"], \
         [(r["aggregate_version"], r["status"]) for r in behind]
